@@ -1,0 +1,43 @@
+"""Agents behind one small interface: frames in, frames out, close.
+
+The host does not know what kind of agent it talks to. An adapter turns one ACP connection's
+frames into whatever its agent speaks: an in-process agent written with the `acp` SDK
+(`acp_channels.agents.sdk`), or a scripted agent in tests.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from acp_channels.protocol import Frame
+
+
+class AgentChannel(Protocol):
+    """One agent instance, serving exactly one ACP connection."""
+
+    async def send(self, frame: Frame) -> None:
+        """Deliver a client frame. Returns once the frame is queued; may wait (backpressure).
+
+        Raises AgentClosed when the agent no longer takes input.
+        """
+
+    async def receive(self) -> Frame | None:
+        """The agent's next frame, in emission order; None once the agent has ended."""
+
+    async def close(self) -> None:
+        """Stop the agent now (abortive); receive() then ends with None."""
+
+
+class AgentClosed(ConnectionError):
+    """The agent no longer accepts input."""
+
+
+def create_agent_channel() -> AgentChannel:
+    """A new agent for one connection, from the `AGENT` setting."""
+    from django.utils.module_loading import import_string
+
+    from acp_channels.agents.sdk import SdkAgentChannel
+    from acp_channels.conf import acp_settings
+
+    factory = import_string(acp_settings.AGENT)
+    return SdkAgentChannel(factory())

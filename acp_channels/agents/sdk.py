@@ -1,0 +1,248 @@
+"""Host an agent written with the official Python SDK (`acp`) in-process.
+
+The SDK's connection handles one JSON-RPC message at a time: an array crashes it and it ignores
+`$/cancel_request`. This adapter gives such an agent the whole transport contract:
+- batches are split, dispatched entry by entry, and their replies regrouped into one array in
+  entry order (§7.1); notification-only batches get no reply; malformed input gets the
+  reference's -32700 / -32600 replies;
+- every client request gets a private integer id on its way in, so duplicate or colliding client
+  ids, batch slots and reply id types (1 vs "1") are all handled here, and restored on the way out;
+- `$/cancel_request` cancels the handler task of that request and answers it with -32800, unless
+  the agent answered first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from acp.agent.connection import AgentSideConnection
+
+from acp_channels import protocol
+from acp_channels.agents import AgentClosed
+from acp_channels.protocol import Batch, Frame, Malformed, MalformedEntry, Message, Single
+
+logger = logging.getLogger(__name__)
+
+#: The private id of the request whose handler task is being created. The SDK creates one task
+#: per request right after our transport's receive() returns it, and a task copies the context
+#: it is created in, so the handler can find its own id here.
+_dispatching: contextvars.ContextVar[int | None] = contextvars.ContextVar("acp_dispatching", default=None)
+
+Handler = Callable[[str, Any, bool], Awaitable[Any]]
+
+
+@dataclass(slots=True)
+class _BatchReply:
+    """Slots for the response-bearing entries of one client batch."""
+
+    slots: list[Message | None]
+    missing: int
+
+
+@dataclass(slots=True)
+class _InFlight:
+    client_id: Any
+    batch: _BatchReply | None = None
+    slot: int = 0
+    task: asyncio.Task[Any] | None = field(default=None, repr=False)
+
+
+class SdkAgentChannel:
+    """An `acp` SDK agent object run on an in-memory message transport."""
+
+    def __init__(self, agent: Any, *, outbound_frames: int = 64) -> None:
+        self._inbox: asyncio.Queue[Message | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[Frame | None] = asyncio.Queue(maxsize=outbound_frames)
+        self._ids = itertools.count(1)
+        self._in_flight: dict[int, _InFlight] = {}
+        self._closed = False
+        self._ended = False
+        self._connection = AgentSideConnection(
+            agent, _SdkTransport(self), listening=False, use_unstable_protocol=True
+        )
+        inner: Handler = self._connection._conn._handler
+        self._connection._conn._handler = self._wrap_handler(inner)
+        self._task = asyncio.create_task(self._run(), name="acp-channels.sdk-agent")
+
+    # -- AgentChannel ------------------------------------------------------------------------
+
+    async def send(self, frame: Frame) -> None:
+        if self._closed:
+            raise AgentClosed("agent closed")
+        if isinstance(frame, Malformed):
+            await self._reply_malformed(frame)
+        elif isinstance(frame, Single):
+            message = frame.message
+            if protocol.message_kind(message) == "request":
+                self._deliver(self._track(message, None, 0))
+            else:
+                await self._forward_call_or_response(message)
+        else:
+            await self._send_batch(frame)
+
+    async def receive(self) -> Frame | None:
+        if self._ended and self._outbox.empty():
+            return None
+        return await self._outbox.get()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        with contextlib.suppress(Exception):
+            await self._connection._conn.close()
+
+    # -- inbound -----------------------------------------------------------------------------
+
+    async def _reply_malformed(self, frame: Malformed) -> None:
+        if frame.error["error"]["code"] == protocol.INVALID_REQUEST:
+            with contextlib.suppress(ValueError):
+                if protocol.is_response_shaped(json.loads(frame.raw)):
+                    return  # an invalid response gets no reply (§12)
+        await self._emit(Single(frame.error))
+
+    async def _send_batch(self, frame: Batch) -> None:
+        bearing = [
+            entry
+            for entry in frame.entries
+            if (isinstance(entry, MalformedEntry) and not protocol.is_response_shaped(entry.value))
+            or (not isinstance(entry, MalformedEntry) and protocol.message_kind(entry) == "request")
+        ]
+        reply = _BatchReply([None] * len(bearing), len(bearing)) if bearing else None
+        slot = 0
+        for entry in frame.entries:
+            if isinstance(entry, MalformedEntry):
+                if not protocol.is_response_shaped(entry.value):
+                    assert reply is not None
+                    self._fill(reply, slot, protocol.invalid_request())
+                    slot += 1
+                    if reply.missing == 0:  # the last response-bearing entry was malformed
+                        await self._emit(self._batch_frame(reply))
+            elif protocol.message_kind(entry) == "request":
+                self._deliver(self._track(entry, reply, slot))
+                slot += 1
+            else:
+                await self._forward_call_or_response(entry)
+
+    def _track(self, message: Message, batch: _BatchReply | None, slot: int) -> Message:
+        private_id = next(self._ids)
+        self._in_flight[private_id] = _InFlight(message["id"], batch, slot)
+        return {**message, "id": private_id}
+
+    def _deliver(self, message: Message) -> None:
+        self._inbox.put_nowait(message)
+
+    async def _forward_call_or_response(self, message: Message) -> None:
+        if protocol.is_connection_scoped(message):
+            if message.get("method") == protocol.CANCEL_REQUEST_METHOD:
+                await self._cancel_request(message.get("params"))
+            return  # other `$/` notifications are transport-level; the SDK does not know them
+        self._deliver(message)
+
+    async def _cancel_request(self, params: Any) -> None:
+        if not isinstance(params, dict) or "requestId" not in params:
+            return
+        wanted = protocol.id_key(params["requestId"])
+        for private_id, pending in list(self._in_flight.items()):
+            if protocol.id_key(pending.client_id) != wanted:
+                continue
+            if pending.task is not None:
+                pending.task.cancel()
+            cancelled = protocol.error_response(private_id, protocol.REQUEST_CANCELLED, "Request cancelled")
+            if (frame := self._complete(private_id, cancelled)) is not None:
+                await self._emit(frame)
+
+    # -- outbound ----------------------------------------------------------------------------
+
+    async def _agent_sent(self, message: Message) -> None:
+        """A message the SDK connection wrote: restore client ids and regroup batches."""
+        if "method" in message or "id" not in message:
+            await self._emit(Single(message))
+        elif (frame := self._complete(message["id"], message)) is not None:
+            await self._emit(frame)
+
+    def _complete(self, private_id: Any, reply: Message) -> Frame | None:
+        """Record the reply to one client request; the frame to emit once it is due.
+
+        Replies to requests already answered (cancelled) or unknown ids are dropped.
+        """
+        pending = self._in_flight.pop(private_id, None) if isinstance(private_id, int) else None
+        if pending is None:
+            return None
+        restored = {**reply, "id": pending.client_id}
+        if pending.batch is None:
+            return Single(restored)
+        self._fill(pending.batch, pending.slot, restored)
+        return self._batch_frame(pending.batch) if pending.batch.missing == 0 else None
+
+    @staticmethod
+    def _fill(reply: _BatchReply, slot: int, message: Message) -> None:
+        reply.slots[slot] = message
+        reply.missing -= 1
+
+    @staticmethod
+    def _batch_frame(reply: _BatchReply) -> Batch:
+        return Batch([slot for slot in reply.slots if slot is not None])
+
+    async def _emit(self, frame: Frame) -> None:
+        await self._outbox.put(frame)
+
+    # -- the SDK side ------------------------------------------------------------------------
+
+    def _wrap_handler(self, inner: Handler) -> Handler:
+        async def handler(method: str, params: Any, is_notification: bool) -> Any:
+            private_id = _dispatching.get()
+            if is_notification or private_id is None:
+                return await inner(method, params, is_notification)
+            pending = self._in_flight.get(private_id)
+            if pending is None:
+                raise asyncio.CancelledError  # cancelled before its handler started
+            pending.task = asyncio.current_task()
+            return await inner(method, params, is_notification)
+
+        return handler
+
+    async def _run(self) -> None:
+        try:
+            await self._connection.listen()
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            logger.exception("SDK agent connection failed")
+        finally:
+            self._ended = True
+            with contextlib.suppress(asyncio.QueueFull):
+                self._outbox.put_nowait(None)
+
+    async def _next_for_sdk(self) -> Message | None:
+        message = await self._inbox.get()
+        is_request = message is not None and "method" in message and "id" in message
+        _dispatching.set(message["id"] if is_request and message is not None else None)
+        return message
+
+
+class _SdkTransport:
+    """The message transport the SDK connection reads from and writes to."""
+
+    def __init__(self, channel: SdkAgentChannel) -> None:
+        self._channel = channel
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self._channel._agent_sent(message)
+
+    async def receive(self) -> dict[str, Any] | None:
+        return await self._channel._next_for_sdk()
+
+    async def close(self) -> None:
+        return None

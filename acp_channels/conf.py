@@ -1,0 +1,48 @@
+"""Our settings: the `ACP_CHANNELS` dict in Django settings, shadowed here with defaults.
+
+Read through `acp_settings` at use time (not import time) so `override_settings` works in tests.
+`checks.py` validates every value with a system check id.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from django.conf import settings
+
+DEFAULTS: Final[dict[str, Any]] = {
+    # Dotted path to a callable returning a fresh agent for each connection: an object written
+    # with the official `acp` SDK (an Agent implementation).
+    "AGENT": None,
+    # Largest POST body accepted; larger gets 413 (the reference's 16 MiB).
+    "MAX_BODY_BYTES": 16 * 1024 * 1024,
+    # An SSE stream idle this long gets a `: ` comment so proxies and clients keep it open.
+    "KEEPALIVE_SECONDS": 15.0,
+    # Output a connection may hold for readers that are slow or absent. Beyond it the host
+    # stops taking the agent's output (backpressure) instead of growing without bound.
+    "MAX_BUFFERED_BYTES": 64 * 1024 * 1024,
+    # How long an initialize POST waits for the agent's reply before 504; None waits forever.
+    "INITIALIZE_TIMEOUT": 60.0,
+    # Connections one worker process hosts at once; beyond it initialize gets 503. None: no cap.
+    "MAX_CONNECTIONS": None,
+    # Browser origins allowed to use the endpoint across origins (CORS through
+    # django-cors-headers, and the WebSocket Origin check). Empty: cross-origin use is off.
+    "CORS_ALLOWED_ORIGINS": [],
+}
+
+
+class AcpSettings:
+    """Attribute access to `settings.ACP_CHANNELS` with our defaults filled in."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(name)
+        return self.user_settings().get(name, DEFAULTS[name])
+
+    @staticmethod
+    def user_settings() -> dict[str, Any]:
+        value = getattr(settings, "ACP_CHANNELS", {})
+        return value if isinstance(value, dict) else {}
+
+
+acp_settings = AcpSettings()

@@ -1,0 +1,55 @@
+"""The WebSocket edge of `/acp`: one JSON-RPC frame per text message, thin over the host (§8)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from acp_channels import protocol
+from acp_channels.agents import AgentClosed, create_agent_channel
+from acp_channels.conf import acp_settings
+from acp_channels.cors import origin_allowed
+from acp_channels.host import ConnectionHost, registry
+from acp_channels.protocol import InboundPlan
+
+
+class AcpWebsocketConsumer(AsyncWebsocketConsumer):
+    host: ConnectionHost | None = None
+    writer: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        headers = dict(self.scope.get("headers", []))
+        origin = headers.get(b"origin")
+        if not origin_allowed(origin.decode("latin-1") if origin is not None else None):
+            await self.close()  # before accept: the server answers 403
+            return
+        self.host = registry.create(
+            create_agent_channel(), "websocket", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES
+        )
+        self.host.start()
+        # daphne drops accept headers; uvicorn and hypercorn send the id on the 101.
+        await self.accept(headers=[(protocol.CONNECTION_HEADER.encode(), self.host.connection_id.encode())])
+        self.writer = asyncio.create_task(self.write_outbound(self.host))
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if text_data is None or self.host is None:
+            return  # binary messages are ignored, as in the reference
+        frame = protocol.parse_frame(text_data)
+        with contextlib.suppress(AgentClosed):
+            await self.host.submit(InboundPlan(frame, [], []))
+
+    async def write_outbound(self, host: ConnectionHost) -> None:
+        """Send the agent's frames in order; once the connection ends, drain and close."""
+        while (items := await host.socket_outbox.take(None)) is not None:
+            for item in items:
+                await self.send(text_data=item)
+        await self.close()
+
+    async def disconnect(self, code: Any) -> None:
+        if self.writer is not None:
+            self.writer.cancel()
+        if self.host is not None:
+            await self.host.terminate()

@@ -1,0 +1,308 @@
+"""Connection state: the only place it lives.
+
+One `ConnectionHost` per ACP connection owns its agent, the reply routes recorded at POST time,
+the outbound router and the per-stream mailboxes. The edges (views, consumer) talk to it through
+a few message-shaped operations: submit a planned frame, initialize, lease a stream, take
+deliveries, terminate. `Registry` maps connection ids to hosts in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from acp_channels import protocol
+from acp_channels.agents import AgentChannel, AgentClosed
+from acp_channels.protocol import Frame, InboundPlan, StreamKey
+
+logger = logging.getLogger(__name__)
+
+TransportKind = Literal["http", "websocket"]
+
+
+class StreamBusy(Exception):
+    """The stream already has a reader (409), or the connection has no such stream."""
+
+
+class AgentEnded(Exception):
+    """The agent ended before it answered initialize."""
+
+
+class OutboundBudget:
+    """Bytes a connection holds for its readers; the router waits while it is over the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def add(self, size: int) -> None:
+        self.used += size
+        if self.used >= self.limit:
+            self._room.clear()
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        if self.used < self.limit:
+            self._room.set()
+
+    async def wait_for_room(self) -> None:
+        await self._room.wait()
+
+
+class Mailbox:
+    """One outbound stream: serialized frames in order, kept until a reader takes them.
+
+    At most one reader holds the lease; releasing it keeps every item not yet taken.
+    """
+
+    def __init__(self, budget: OutboundBudget) -> None:
+        self._items: deque[str] = deque()
+        self._budget = budget
+        self._wakeup = asyncio.Event()
+        self._holder: object | None = None
+        self.closed = False
+
+    def push(self, item: str) -> None:
+        self._items.append(item)
+        self._budget.add(len(item))
+        self._wakeup.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wakeup.set()
+
+    @property
+    def leased(self) -> bool:
+        return self._holder is not None
+
+    def acquire(self) -> object:
+        """Take the reader lease; the token returned releases it (and only it)."""
+        if self._holder is not None:
+            raise StreamBusy
+        self._holder = token = object()
+        return token
+
+    def release(self, token: object) -> None:
+        if self._holder is token:
+            self._holder = None
+
+    async def take(self, timeout: float | None) -> list[str] | None:
+        """Everything queued, waiting up to `timeout` for something.
+
+        Returns [] on timeout (time for a keep-alive) and None once the mailbox is closed and
+        drained (the stream ends).
+        """
+        if not self._items and not self.closed:
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+        if self._items:
+            items = list(self._items)
+            self._items.clear()
+            self._budget.release(sum(map(len, items)))
+            return items
+        return None if self.closed else []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass(frozen=True, slots=True)
+class InitializeReply:
+    body: str
+    accepted: bool
+
+
+class ConnectionHost:
+    """One ACP connection and its agent, in the process that accepted it."""
+
+    def __init__(
+        self,
+        connection_id: str,
+        agent: AgentChannel,
+        transport: TransportKind,
+        *,
+        max_buffered_bytes: int,
+        on_end: Callable[[ConnectionHost], None],
+    ) -> None:
+        self.connection_id = connection_id
+        self.transport = transport
+        self.agent = agent
+        self._budget = OutboundBudget(max_buffered_bytes)
+        self._streams: dict[StreamKey, Mailbox] = {}
+        self._socket_outbox = Mailbox(self._budget)
+        self._routes: dict[str, deque[StreamKey]] = {}
+        # The stream each pending agent->client request went to, by id.
+        self._agent_requests: dict[str, StreamKey] = {}
+        self._router: asyncio.Task[None] | None = None
+        self._on_end = on_end
+        self.ended = asyncio.Event()
+
+    # -- inbound -----------------------------------------------------------------------------
+
+    async def submit(self, plan: InboundPlan) -> None:
+        """Record the replies' routes, then queue the frame for the agent (raises AgentClosed).
+
+        Routes exist before the agent can see the frame, so its reply is always routed right.
+        """
+        if self.ended.is_set():
+            raise AgentClosed("connection ended")
+        self._match_responses(plan)
+        for session_id in plan.sessions:
+            self.stream(session_id)
+        for key, route in plan.routes:
+            self._routes.setdefault(key, deque()).append(route)
+        await self.agent.send(plan.frame)
+
+    def _match_responses(self, plan: InboundPlan) -> None:
+        """Check the session header of responses to agent requests, then forget those requests."""
+        answered = [
+            protocol.id_key(message["id"])
+            for message in protocol.frame_messages(plan.frame)
+            if "method" not in message
+        ]
+        for key in answered:
+            protocol.check_response_session(plan.session_header, self._agent_requests.get(key, False))
+        for key in answered:
+            self._agent_requests.pop(key, None)
+
+    async def initialize(self, frame: Frame, init_id: object) -> InitializeReply:
+        """Forward an initial frame and wait for the reply to `init_id` (§5.2).
+
+        Whatever else the agent sends meanwhile is routed to mailboxes for SSE. The router
+        starts only once the connection is accepted.
+        """
+        await self.agent.send(frame)
+        while True:
+            output = await self.agent.receive()
+            if output is None:
+                raise AgentEnded("agent closed before initialize response")
+            reply = protocol.find_reply(output, init_id)
+            if reply is None:
+                self._route(output)
+                continue
+            accepted = not protocol.is_error_response(reply)
+            if accepted:
+                self.start()
+            return InitializeReply(protocol.serialize_frame(output), accepted)
+
+    # -- outbound ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._router is None:
+            self._router = asyncio.create_task(self._run_router(), name=f"acp-router-{self.connection_id}")
+
+    def stream(self, key: StreamKey) -> Mailbox:
+        """The mailbox of a stream, created on demand (§6.2)."""
+        mailbox = self._streams.get(key)
+        if mailbox is None:
+            mailbox = self._streams[key] = Mailbox(self._budget)
+            if self.ended.is_set():
+                mailbox.close()
+        return mailbox
+
+    def lease(self, key: StreamKey) -> tuple[Mailbox, object]:
+        """Take the single-reader lease on an SSE stream; StreamBusy when it is taken (409).
+
+        A WebSocket connection has no SSE streams: always busy, as in the reference.
+        """
+        if self.transport == "websocket":
+            raise StreamBusy
+        mailbox = self.stream(key)
+        return mailbox, mailbox.acquire()
+
+    @property
+    def socket_outbox(self) -> Mailbox:
+        return self._socket_outbox
+
+    async def _run_router(self) -> None:
+        try:
+            while True:
+                await self._budget.wait_for_room()
+                frame = await self.agent.receive()
+                if frame is None:
+                    break
+                self._route(frame)
+        except asyncio.CancelledError:
+            return  # terminate() owns the cleanup
+        except Exception:
+            logger.exception("router of connection %s failed", self.connection_id)
+        self._end()
+
+    def _route(self, frame: Frame) -> None:
+        if self.transport == "websocket":
+            self._socket_outbox.push(protocol.serialize_frame(frame))
+            return
+        key = protocol.route_outbound(frame, self._pop_route)
+        for message in protocol.frame_messages(frame):
+            if "method" in message and message.get("id") is not None:
+                self._agent_requests[protocol.id_key(message["id"])] = key
+        self.stream(key).push(protocol.serialize_frame(frame))
+
+    def _pop_route(self, key: str) -> StreamKey | Literal[False]:
+        routes = self._routes.get(key)
+        if not routes:
+            return False
+        route = routes.popleft()
+        if not routes:
+            del self._routes[key]
+        return route
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def _end(self) -> None:
+        """Close every stream (readers drain what is queued, then end) and unregister."""
+        if self.ended.is_set():
+            return
+        self.ended.set()
+        for mailbox in self._streams.values():
+            mailbox.close()
+        self._socket_outbox.close()
+        self._on_end(self)
+
+    async def terminate(self) -> None:
+        """End the connection now (DELETE, socket closed, failed initialize): abortive (§10)."""
+        self._end()
+        if self._router is not None:
+            self._router.cancel()
+        await self.agent.close()
+
+
+class Registry:
+    """The connections hosted by this process, by id."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, ConnectionHost] = {}
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    def get(self, connection_id: str) -> ConnectionHost | None:
+        return self._hosts.get(connection_id)
+
+    def create(self, agent: AgentChannel, transport: TransportKind, *, max_buffered_bytes: int) -> ConnectionHost:
+        connection_id = str(uuid.uuid4())
+        host = ConnectionHost(
+            connection_id, agent, transport, max_buffered_bytes=max_buffered_bytes, on_end=self._forget
+        )
+        self._hosts[connection_id] = host
+        return host
+
+    def _forget(self, host: ConnectionHost) -> None:
+        if self._hosts.get(host.connection_id) is host:
+            del self._hosts[host.connection_id]
+
+    async def terminate_all(self) -> None:
+        for host in list(self._hosts.values()):
+            await host.terminate()
+
+
+registry = Registry()

@@ -1,0 +1,433 @@
+"""The wire contract of the ACP HTTP transport, as pure functions (no Django, no I/O).
+
+Every rule the edges apply lives here: how a body becomes a frame, which messages are
+session-scoped, how `Acp-Session-Id` is applied, what counts as an initial `initialize`, where the
+agent's output is routed, the JSON-RPC error objects the transport itself produces, and SSE
+encoding. Section numbers refer to ../shared/spec/rust-reference.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+CONNECTION_HEADER: Final = "acp-connection-id"
+SESSION_HEADER: Final = "acp-session-id"
+
+JSONRPC_VERSION: Final = "2.0"
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INTERNAL_ERROR: Final = -32603
+REQUEST_CANCELLED: Final = -32800
+
+CANCEL_REQUEST_METHOD: Final = "$/cancel_request"
+SUCCESSOR_METHOD: Final = "_proxy/successor"
+INITIALIZE_METHOD: Final = "initialize"
+
+#: Client methods that only make sense for one session (§4.2): they need a session id.
+SESSION_SCOPED_METHODS: Final = frozenset(
+    {
+        "session/prompt",
+        "session/cancel",
+        "session/close",
+        "session/delete",
+        "session/fork",
+        "session/load",
+        "session/resume",
+        "session/set_config_option",
+        "session/set_mode",
+        "session/set_model",
+    }
+)
+
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
+
+Message: TypeAlias = dict[str, Any]
+MessageKind: TypeAlias = Literal["request", "notification", "response"]
+
+#: Which outbound stream a message goes to: None is the connection stream, a string names a
+#: session stream (the empty string is a legal session key, as in the reference).
+StreamKey: TypeAlias = str | None
+CONNECTION_STREAM: Final[StreamKey] = None
+
+
+# --------------------------------------------------------------------------------------------
+# Frames (§4.1)
+
+
+@dataclass(frozen=True, slots=True)
+class Single:
+    """One valid JSON-RPC message."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedEntry:
+    """A batch entry that is not a valid message; the JSON value is kept as it came."""
+
+    value: Any
+
+
+BatchEntry: TypeAlias = Message | MalformedEntry
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A non-empty JSON array; each entry is a valid message or a malformed entry."""
+
+    entries: list[BatchEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """Text that is not a message or a batch, with the error the agent side answers it with."""
+
+    raw: str
+    error: Message = field(repr=False)
+
+
+Frame: TypeAlias = Single | Batch | Malformed
+
+
+def message_kind(value: Any) -> MessageKind | None:
+    """Classify a decoded JSON value as a JSON-RPC message, or None if it is not a valid one."""
+    if not isinstance(value, dict) or value.get("jsonrpc") != JSONRPC_VERSION:
+        return None
+    if "id" in value and not _valid_id(value["id"]):
+        return None
+    if "method" in value:
+        if "result" in value or "error" in value or not isinstance(value["method"], str):
+            return None
+        params = value.get("params")
+        if params is not None and not isinstance(params, dict | list):
+            return None
+        return "request" if "id" in value else "notification"
+    if "id" in value and (("result" in value) != ("error" in value)):
+        if "error" in value and not _valid_error(value["error"]):
+            return None
+        return "response"
+    return None
+
+
+def _valid_id(value: Any) -> bool:
+    if value is None or isinstance(value, str):
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and _I64_MIN <= value <= _I64_MAX
+
+
+def _valid_error(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("code"), int)
+        and not isinstance(value.get("code"), bool)
+        and isinstance(value.get("message"), str)
+    )
+
+
+def is_response_shaped(value: Any) -> bool:
+    """An object with no `method` and a `result` or `error`, valid or not (§4.1)."""
+    return isinstance(value, dict) and "method" not in value and ("result" in value or "error" in value)
+
+
+def parse_frame(text: str) -> Frame:
+    """Turn a POST body or a WebSocket text message into a frame; never raises."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return Malformed(text, parse_error(text))
+    return frame_from_value(value, text)
+
+
+def frame_from_value(value: Any, raw: str | None = None) -> Frame:
+    """Classify an already decoded JSON value; `raw` is kept for malformed frames."""
+    if isinstance(value, list):
+        if not value:
+            return Malformed(raw if raw is not None else "[]", invalid_request())
+        return Batch([entry if message_kind(entry) else MalformedEntry(entry) for entry in value])
+    if message_kind(value):
+        return Single(value)
+    return Malformed(raw if raw is not None else dumps(value), invalid_request())
+
+
+def frame_value(frame: Frame) -> Any:
+    """The JSON value of a frame (a malformed frame has none: its raw text is the payload)."""
+    if isinstance(frame, Single):
+        return frame.message
+    if isinstance(frame, Batch):
+        return [entry.value if isinstance(entry, MalformedEntry) else entry for entry in frame.entries]
+    raise TypeError("a malformed frame has no JSON value")
+
+
+def serialize_frame(frame: Frame) -> str:
+    """Compact JSON of a frame; a malformed frame is relayed as its raw text (§6.4)."""
+    if isinstance(frame, Malformed):
+        return frame.raw
+    return dumps(frame_value(frame))
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON, as the reference writes it (no spaces, non-ASCII kept)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def frame_messages(frame: Frame) -> list[Message]:
+    """The valid messages of a frame, in order."""
+    if isinstance(frame, Single):
+        return [frame.message]
+    if isinstance(frame, Batch):
+        return [entry for entry in frame.entries if not isinstance(entry, MalformedEntry)]
+    return []
+
+
+# --------------------------------------------------------------------------------------------
+# JSON-RPC errors the transport side produces (§12)
+
+
+def error_response(request_id: Any, code: int, message: str, data: Any = None) -> Message:
+    error: Message = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": JSONRPC_VERSION, "id": request_id, "error": error}
+
+
+def parse_error(raw: str) -> Message:
+    return error_response(None, PARSE_ERROR, "Parse error", {"line": raw})
+
+
+def invalid_request() -> Message:
+    return error_response(None, INVALID_REQUEST, "Invalid Request")
+
+
+def is_error_response(message: Message) -> bool:
+    return "error" in message and "method" not in message
+
+
+# --------------------------------------------------------------------------------------------
+# Scoping and session ids (§4.2)
+
+
+def is_connection_scoped(message: Message) -> bool:
+    """`$/…` calls, and `_proxy/successor` envelopes wrapping `$/cancel_request` (at any depth)."""
+    method = message.get("method")
+    if not isinstance(method, str):
+        return False
+    if method.startswith("$/"):
+        return True
+    return "id" not in message and _wraps_cancel_request(message)
+
+
+def _wraps_cancel_request(message: Message) -> bool:
+    while message.get("method") == SUCCESSOR_METHOD:
+        params = message.get("params")
+        inner = params.get("message") if isinstance(params, dict) else None
+        if not isinstance(inner, dict):
+            return False
+        message = inner
+    return message.get("method") == CANCEL_REQUEST_METHOD
+
+
+def message_session_id(message: Message) -> str | None:
+    """`params.sessionId` of a call that is not connection-scoped, if it is a string."""
+    if "method" not in message or is_connection_scoped(message):
+        return None
+    params = message.get("params")
+    if isinstance(params, dict):
+        session_id = params.get("sessionId")
+        if isinstance(session_id, str):
+            return session_id
+    return None
+
+
+class SessionHeaderError(ValueError):
+    """A POST's session header does not fit one of its messages (§4.3): answered with 400."""
+
+
+MISMATCHED_SESSION = "Acp-Session-Id header does not match params.sessionId"
+NON_STRING_SESSION = "params.sessionId must be a string"
+ARRAY_PARAMS = "Acp-Session-Id header requires object params"
+SESSION_REQUIRED = "Acp-Session-Id header required"
+
+
+def apply_session_header(message: Message, header: str | None) -> tuple[Message, StreamKey]:
+    """Apply `Acp-Session-Id` to one inbound message and give the route of its reply (§4.3).
+
+    Returns the message to forward (a copy when the header is injected) and the stream the
+    agent's reply belongs on. Responses and connection-scoped messages ignore the header.
+    Raises SessionHeaderError with the reference's 400 text.
+    """
+    if "method" not in message:
+        return message, CONNECTION_STREAM
+    if is_connection_scoped(message):
+        return message, CONNECTION_STREAM
+    if header is not None:
+        params = message.get("params")
+        if params is None:
+            message = {**message, "params": {"sessionId": header}}
+        elif isinstance(params, list):
+            raise SessionHeaderError(ARRAY_PARAMS)
+        elif "sessionId" not in params:
+            message = {**message, "params": {**params, "sessionId": header}}
+        elif not isinstance(params["sessionId"], str):
+            raise SessionHeaderError(NON_STRING_SESSION)
+        elif params["sessionId"] != header:
+            raise SessionHeaderError(MISMATCHED_SESSION)
+    session_id = message_session_id(message)
+    if session_id is not None:
+        return message, session_id
+    if message["method"] in SESSION_SCOPED_METHODS:
+        raise SessionHeaderError(SESSION_REQUIRED)
+    return message, CONNECTION_STREAM
+
+
+@dataclass(frozen=True, slots=True)
+class InboundPlan:
+    """A client frame after session processing: what to forward, and the replies it expects."""
+
+    frame: Frame
+    #: (request id key, route) for every request with a non-null id, in frame order.
+    routes: list[tuple[str, StreamKey]]
+    #: Session streams this POST names; they are created before the frame is forwarded.
+    sessions: list[str]
+    #: The POST's `Acp-Session-Id`, checked against the routes of agent requests it answers.
+    session_header: str | None = None
+
+
+def plan_inbound(frame: Frame, header: str | None, *, skip_index: int | None = None) -> InboundPlan:
+    """Session processing for a whole POST (§4.3); one failing entry rejects all of it.
+
+    `skip_index` leaves one batch entry alone (the initialize entry of an initial batch, §5.2).
+    """
+    if isinstance(frame, Malformed):
+        return InboundPlan(frame, [], [], header)
+    routes: list[tuple[str, StreamKey]] = []
+    sessions: list[str] = []
+
+    def process(message: Message) -> Message:
+        forwarded, route = apply_session_header(message, header)
+        if "method" in forwarded:
+            if route is not None and route not in sessions:
+                sessions.append(route)
+            if "id" in forwarded and forwarded["id"] is not None:
+                routes.append((id_key(forwarded["id"]), route))
+        return forwarded
+
+    if isinstance(frame, Single):
+        return InboundPlan(Single(process(frame.message)), routes, sessions, header)
+    entries: list[BatchEntry] = [
+        entry if isinstance(entry, MalformedEntry) or index == skip_index else process(entry)
+        for index, entry in enumerate(frame.entries)
+    ]
+    return InboundPlan(Batch(entries), routes, sessions, header)
+
+
+def id_key(request_id: Any) -> str:
+    """A hashable key for a JSON-RPC id that keeps its JSON type (1 and "1" differ)."""
+    return dumps(request_id)
+
+
+# --------------------------------------------------------------------------------------------
+# initialize (§5.1)
+
+
+def initialize_entry(frame: Frame) -> int | None:
+    """If the frame is an initial `initialize` frame, the index of the initialize request.
+
+    A single request gives 0. In a batch, response-shaped predecessors are skipped and the first
+    call-shaped entry decides; anything else means "not initial".
+    """
+    if isinstance(frame, Single):
+        message = frame.message
+        return 0 if message.get("method") == INITIALIZE_METHOD and "id" in message else None
+    if isinstance(frame, Malformed):
+        return None
+    for index, entry in enumerate(frame.entries):
+        if isinstance(entry, MalformedEntry):
+            if is_response_shaped(entry.value):
+                continue
+            return None
+        if "method" not in entry:
+            continue
+        return index if entry["method"] == INITIALIZE_METHOD and "id" in entry else None
+    return None
+
+
+def find_reply(frame: Frame, request_id: Any) -> Message | None:
+    """The response to `request_id` inside an agent frame, if it carries one."""
+    for message in frame_messages(frame):
+        if "method" not in message and "id" in message and message["id"] == request_id:
+            if type(message["id"]) is type(request_id):
+                return message
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Outbound routing (§6.4, §7.3)
+
+RouteLookup: TypeAlias = Callable[[str], StreamKey | Literal[False]]
+"""Pops the oldest recorded route for an id key; False when none is recorded."""
+
+
+def route_outbound(frame: Frame, pop_route: RouteLookup) -> StreamKey:
+    """The stream an agent frame goes to. Consumes recorded reply routes."""
+    if isinstance(frame, Malformed):
+        return CONNECTION_STREAM
+    if isinstance(frame, Single):
+        return _route_message(frame.message, pop_route)
+    chosen: set[StreamKey] = set()
+    for entry in frame.entries:
+        if isinstance(entry, MalformedEntry) or "method" in entry:
+            chosen.add(CONNECTION_STREAM)
+        else:
+            chosen.add(_route_message(entry, pop_route))
+    return chosen.pop() if len(chosen) == 1 else CONNECTION_STREAM
+
+
+def _route_message(message: Message, pop_route: RouteLookup) -> StreamKey:
+    if "method" in message:
+        return message_session_id(message)
+    request_id = message.get("id")
+    if request_id is None:
+        return CONNECTION_STREAM
+    route = pop_route(id_key(request_id))
+    return CONNECTION_STREAM if route is False else route
+
+
+# --------------------------------------------------------------------------------------------
+# Header values and SSE (§3.1, §6.6)
+
+
+def header_value(values: Iterable[str] | str | None) -> str | None:
+    """The first value of a header, or None when absent or not visible ASCII (§3.1)."""
+    if values is None:
+        return None
+    value = values if isinstance(values, str) else next(iter(values), None)
+    if value is None or not all(" " <= char <= "~" or char == "\t" for char in value):
+        return None
+    return value
+
+
+SSE_OPENING: Final = b": \n\n"
+SSE_KEEPALIVE: Final = b": \n\n"
+
+
+def sse_event(payload: str) -> bytes:
+    """One SSE event; text with line breaks (relayed malformed output) becomes several data lines."""
+    if "\n" not in payload and "\r" not in payload:
+        return b"data: " + payload.encode() + b"\n\n"
+    lines = payload.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return "".join(f"data: {line}\n" for line in lines).encode() + b"\n"
+
+
+RESPONSE_SESSION_MISMATCH = "Acp-Session-Id header does not match the session of the request this answers"
+
+
+def check_response_session(header: str | None, request_route: StreamKey | Literal[False]) -> None:
+    """A client's response to an agent request may carry `Acp-Session-Id` or not; when it does,
+    it must name the stream the agent's request went to (False: no such request was seen)."""
+    if header is not None and request_route is not False and request_route != header:
+        raise SessionHeaderError(RESPONSE_SESSION_MISMATCH)

@@ -1,0 +1,216 @@
+"""The HTTP edge of `/acp`: POST, GET (SSE), HEAD and DELETE, thin over the host.
+
+Each handler applies the reference's checks in its order (§2.1-§2.3), using the rules in
+`protocol`, and turns the result into host operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
+
+from acp_channels import protocol
+from acp_channels.agents import AgentClosed, create_agent_channel
+from acp_channels.conf import acp_settings
+from acp_channels.host import AgentEnded, Mailbox, StreamBusy, registry
+from acp_channels.protocol import CONNECTION_HEADER, SESSION_HEADER, Frame, InboundPlan, SessionHeaderError
+
+logger = logging.getLogger(__name__)
+
+ALLOWED_METHODS = ["POST", "GET", "HEAD", "DELETE"]
+
+CONTENT_TYPE_REQUIRED = "Content-Type must be application/json"
+BODY_TOO_LARGE = "POST body too large"
+CONNECTION_REQUIRED = "Acp-Connection-Id header required"
+MUST_ACCEPT_SSE = "client must accept text/event-stream"
+STREAM_TAKEN = "outbound stream already has a subscriber"
+TOO_MANY_CONNECTIONS = "too many ACP connections on this server"
+
+
+@csrf_exempt
+async def acp_endpoint(request: HttpRequest) -> HttpResponseBase:
+    if request.method == "POST":
+        return await post(request)
+    if request.method in ("GET", "HEAD"):
+        return open_stream(request)
+    if request.method == "DELETE":
+        return await delete(request)
+    return HttpResponseNotAllowed(ALLOWED_METHODS)
+
+
+def text_response(status: int, body: str = "") -> HttpResponse:
+    """A plain-text answer, or a bare status with no body and no content type (§2)."""
+    if body:
+        return HttpResponse(body, status=status, content_type="text/plain; charset=utf-8")
+    response = HttpResponse(status=status)
+    del response["Content-Type"]
+    return response
+
+
+def json_response(body: str, connection_id: str | None = None) -> HttpResponse:
+    response = HttpResponse(body, content_type="application/json")
+    if connection_id is not None:
+        response[CONNECTION_HEADER] = connection_id
+    return response
+
+
+def header(request: HttpRequest, name: str) -> str | None:
+    return protocol.header_value(request.headers.get(name))
+
+
+# -- POST ------------------------------------------------------------------------------------
+
+
+async def post(request: HttpRequest) -> HttpResponseBase:
+    content_type = header(request, "content-type")
+    if content_type is None or not content_type.startswith("application/json"):
+        return text_response(415, CONTENT_TYPE_REQUIRED)
+    limit: int = acp_settings.MAX_BODY_BYTES
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return text_response(413, BODY_TOO_LARGE)
+    # Read past Django's DATA_UPLOAD_MAX_MEMORY_SIZE on purpose: our own limit applies here.
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        return text_response(413, BODY_TOO_LARGE)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return text_response(400, f"Invalid JSON-RPC: {error}")
+
+    frame = protocol.parse_frame(text)
+    init_index = protocol.initialize_entry(frame)
+    if init_index is not None:
+        return await initialize(request, frame, init_index)
+
+    connection_id = header(request, CONNECTION_HEADER)
+    if connection_id is None:
+        return text_response(400, CONNECTION_REQUIRED)
+    host = registry.get(connection_id)
+    if host is None:
+        return text_response(404)
+    try:
+        plan = protocol.plan_inbound(frame, header(request, SESSION_HEADER))
+        await host.submit(plan)
+    except SessionHeaderError as error:
+        return text_response(400, str(error))
+    except AgentClosed:
+        return text_response(500)
+    return text_response(202)
+
+
+async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> HttpResponseBase:
+    """Create a connection from an initial initialize frame and answer with its reply (§5)."""
+    if isinstance(frame, protocol.Batch):
+        try:
+            plan = protocol.plan_inbound(frame, header(request, SESSION_HEADER), skip_index=init_index)
+        except SessionHeaderError as error:
+            return text_response(400, str(error))
+        frame = plan.frame
+    init_id = protocol.frame_messages(frame)[_message_index(frame, init_index)]["id"]
+
+    max_connections: int | None = acp_settings.MAX_CONNECTIONS
+    if max_connections is not None and len(registry) >= max_connections:
+        return text_response(503, TOO_MANY_CONNECTIONS)
+    host = registry.create(
+        create_agent_channel(), "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES
+    )
+    timeout: float | None = acp_settings.INITIALIZE_TIMEOUT
+    try:
+        reply = await asyncio.wait_for(host.initialize(frame, init_id), timeout)
+    except AgentClosed:
+        await host.terminate()
+        return text_response(500)
+    except AgentEnded as error:
+        await host.terminate()
+        return text_response(500, str(error))
+    except TimeoutError:
+        await host.terminate()
+        return text_response(504, f"agent did not answer initialize within {timeout:g} s")
+    except BaseException:
+        # The client went away (the view is cancelled) or the agent failed: nothing may remain.
+        await asyncio.shield(host.terminate())
+        raise
+    if not reply.accepted:
+        await host.terminate()
+        return json_response(reply.body)
+    return json_response(reply.body, host.connection_id)
+
+
+def _message_index(frame: Frame, entry_index: int) -> int:
+    """Position of batch entry `entry_index` among the frame's valid messages."""
+    if not isinstance(frame, protocol.Batch):
+        return 0
+    return sum(1 for entry in frame.entries[:entry_index] if not isinstance(entry, protocol.MalformedEntry))
+
+
+# -- GET (SSE) -------------------------------------------------------------------------------
+
+
+def open_stream(request: HttpRequest) -> HttpResponseBase:
+    accept = header(request, "accept")
+    if accept is None or "text/event-stream" not in accept:
+        return text_response(406, MUST_ACCEPT_SSE)
+    connection_id = header(request, CONNECTION_HEADER)
+    if connection_id is None:
+        return text_response(400, CONNECTION_REQUIRED)
+    host = registry.get(connection_id)
+    if host is None:
+        return text_response(404)
+    session_id = header(request, SESSION_HEADER)
+    try:
+        mailbox, lease = host.lease(session_id)
+    except StreamBusy:
+        return text_response(409, STREAM_TAKEN)
+    if request.method == "HEAD":
+        mailbox.release(lease)
+        response: HttpResponseBase = HttpResponse(content_type="text/event-stream")
+    else:
+        response = StreamingHttpResponse(
+            sse_body(mailbox, lease, float(acp_settings.KEEPALIVE_SECONDS)),
+            content_type="text/event-stream",
+        )
+        # If the body is never iterated (the client left at once), closing frees the stream.
+        response._resource_closers.append(lambda: mailbox.release(lease))
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: never buffer an event stream
+    response[CONNECTION_HEADER] = connection_id
+    if session_id is not None:
+        response[SESSION_HEADER] = session_id
+    return response
+
+
+async def sse_body(mailbox: Mailbox, lease: object, keepalive: float) -> AsyncIterator[bytes]:
+    """The events of one leased stream; ends once the connection is closed and drained.
+
+    The opening comment makes daphne send the status line and headers at once: clients wait
+    for them before they POST (§13).
+    """
+    try:
+        yield protocol.SSE_OPENING
+        while (items := await mailbox.take(keepalive)) is not None:
+            if items:
+                yield b"".join(map(protocol.sse_event, items))
+            else:
+                yield protocol.SSE_KEEPALIVE
+    finally:
+        mailbox.release(lease)
+
+
+# -- DELETE ----------------------------------------------------------------------------------
+
+
+async def delete(request: HttpRequest) -> HttpResponseBase:
+    connection_id = header(request, CONNECTION_HEADER)
+    if connection_id is None:
+        return text_response(400, CONNECTION_REQUIRED)
+    host = registry.get(connection_id)
+    if host is None:
+        return text_response(404)
+    await host.terminate()
+    return text_response(202)

@@ -1,0 +1,62 @@
+"""Settings of the demo project: acp_channels serving the demo agent at /acp."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from corsheaders.defaults import default_headers
+
+from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-secret")
+DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "corsheaders",
+    "channels",
+    "acp_channels",
+]
+
+MIDDLEWARE = [
+    "corsheaders.middleware.CorsMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+]
+
+ROOT_URLCONF = "demo_project.urls"
+ASGI_APPLICATION = "demo_project.asgi.application"
+DATABASES: dict[str, dict[str, str]] = {}
+USE_TZ = True
+
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+def _origins(value: str) -> list[str]:
+    return [origin.strip() for origin in value.split(",") if origin.strip()]
+
+
+ACP_CHANNELS = {
+    "AGENT": os.environ.get("ACP_AGENT", "demo_project.agent.create_agent"),
+    "KEEPALIVE_SECONDS": float(os.environ.get("ACP_KEEPALIVE_SECONDS", "15")),
+    "CORS_ALLOWED_ORIGINS": _origins(os.environ.get("ACP_CORS_ALLOWED_ORIGINS", "")),
+}
+
+# django-cors-headers: only the ACP endpoint is ever enabled (by acp_channels, for listed origins).
+CORS_URLS_REGEX = r"^$"
+CORS_EXPOSE_HEADERS = [*ACP_EXPOSE_HEADERS]
+CORS_ALLOW_HEADERS = (*default_headers, *ACP_ALLOW_HEADERS)
+CORS_ALLOW_METHODS = ("DELETE", "GET", "OPTIONS", "POST")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"acp_channels": {"handlers": ["console"], "level": os.environ.get("ACP_LOG_LEVEL", "INFO")}},
+}

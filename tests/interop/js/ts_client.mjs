@@ -1,0 +1,457 @@
+#!/usr/bin/env node
+// @ts-check
+/**
+ * Interop driver: the official ACP TypeScript SDK client (@agentclientprotocol/sdk 2.4.0).
+ *
+ *   node ts_client.mjs http://127.0.0.1:8000/acp http   # experimental/http-client (POST + SSE)
+ *   node ts_client.mjs ws://127.0.0.1:8000/acp ws       # experimental/ws-client (Node `ws`)
+ *
+ * Options: --timeout SECONDS (per step, default 20), --trace (every HTTP exchange / WebSocket
+ * frame as a JSON line on stderr).
+ *
+ * Runs the interop scenario against a server hosting the demo agent (see ../README.md):
+ * initialize -> session/new -> `stream 50 64` -> `permission` (answers `allow`)
+ * -> `wait_for_cancel` + session/cancel -> close (DELETE on HTTP, socket close on WS).
+ * Prints exactly one JSON line on stdout; exit 0 when every check passed, 1 when one failed,
+ * 2 on bad usage.
+ *
+ * SDK 2.x has no ClientSideConnection any more: its replacement is the `client()` app
+ * (onRequest/onNotification handlers) connected to a transport Stream.
+ */
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import { client, methods } from "@agentclientprotocol/sdk";
+import { createHttpStream } from "@agentclientprotocol/sdk/experimental/http-client";
+import { createWebSocketStream } from "@agentclientprotocol/sdk/experimental/ws-client";
+import { WebSocket } from "ws";
+
+/** @typedef {import("@agentclientprotocol/sdk").AnyMessage} AnyMessage */
+/** @typedef {import("@agentclientprotocol/sdk").SessionNotification} SessionNotification */
+/** @typedef {import("@agentclientprotocol/sdk").RequestPermissionRequest} RequestPermissionRequest */
+/** @typedef {import("@agentclientprotocol/sdk").RequestPermissionResponse} RequestPermissionResponse */
+/** @typedef {import("@agentclientprotocol/sdk").PromptResponse} PromptResponse */
+
+const STREAM_COUNT = 50;
+const STREAM_SIZE = 64;
+const PERMISSION_OPTIONS = ["allow", "reject"];
+const PERMISSION_CHOICE = "allow";
+const CLOSE_MS = 5000;
+
+class CheckFailed extends Error {}
+
+/**
+ * @param {boolean} condition
+ * @param {string} message
+ * @returns {asserts condition}
+ */
+function require(condition, message) {
+  if (!condition) throw new CheckFailed(message);
+}
+
+/**
+ * Await one scenario step, turning a hang into a failure.
+ * @template T
+ * @param {string} label
+ * @param {Promise<T>} promise
+ * @param {number} ms
+ * @returns {Promise<T>}
+ */
+async function step(label, promise, ms) {
+  /** @type {NodeJS.Timeout | undefined} */
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new CheckFailed(`${label}: timed out after ${ms / 1000}s`)), ms);
+  });
+  try {
+    return await Promise.race([promise, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Resolves after pending I/O callbacks and microtasks (queued notification handlers) ran. */
+const tick = () => new Promise((resolve) => setImmediate(resolve));
+
+/**
+ * Poll `predicate` every event-loop turn until it holds or `ms` elapsed.
+ * @param {() => boolean} predicate
+ * @param {number} ms
+ */
+async function waitUntil(predicate, ms) {
+  const deadline = Date.now() + ms;
+  while (!predicate() && Date.now() < deadline) await tick();
+  return predicate();
+}
+
+/** @param {unknown} body */
+function parseJson(body) {
+  if (typeof body !== "string") return undefined;
+  try {
+    return JSON.parse(body);
+  } catch {
+    return undefined;
+  }
+}
+
+/** @param {any} message */
+function describeMessage(message) {
+  if (!message || typeof message !== "object") return undefined;
+  if ("method" in message) return "id" in message ? `request ${message.method}` : `notification ${message.method}`;
+  return "id" in message ? `response ${"error" in message ? "error" : "result"}` : "unknown";
+}
+
+/**
+ * What the transports did on the wire, recorded at the SDK's injection points
+ * (`options.fetch` for HTTP, `options.WebSocket` for WebSocket).
+ */
+class WireLog {
+  /** @param {boolean} trace */
+  constructor(trace) {
+    this.trace = trace;
+    /** @type {{method: string, status?: number, sse: boolean, message?: any, done: Promise<void>}[]} */
+    this.exchanges = [];
+    /** Outgoing JSON-RPC messages in the order the server accepted them (HTTP 2xx / frame sent). */
+    /** @type {any[]} */
+    this.sent = [];
+    /** @type {WebSocket | undefined} */
+    this.socket = undefined;
+    /** @type {number | undefined} */
+    this.wsCloseCode = undefined;
+    /** @type {Promise<void> | undefined} */
+    this.wsClosed = undefined;
+  }
+
+  /** @param {Record<string, unknown>} entry */
+  log(entry) {
+    if (this.trace) process.stderr.write(`${JSON.stringify({ trace: "ts_client", ...entry })}\n`);
+  }
+
+  /** @returns {typeof globalThis.fetch} */
+  fetch() {
+    return async (input, init = {}) => {
+      const method = init.method ?? "GET";
+      const requestHeaders = Object.fromEntries(new Headers(init.headers).entries());
+      const message = parseJson(init.body);
+      const sse = method === "GET" && requestHeaders.accept === "text/event-stream";
+      /** @type {() => void} */
+      let finish = () => {};
+      const entry = { method, sse, message, status: undefined, done: new Promise((r) => (finish = () => r(undefined))) };
+      this.exchanges.push(entry);
+      try {
+        const response = await globalThis.fetch(input, init);
+        entry.status = response.status;
+        if (response.ok && method === "POST" && message) this.sent.push(message);
+        this.log({
+          http: method,
+          jsonrpc: describeMessage(message),
+          requestHeaders,
+          status: response.status,
+          responseHeaders: Object.fromEntries(response.headers.entries()),
+        });
+        return response;
+      } catch (error) {
+        this.log({ http: method, jsonrpc: describeMessage(message), requestHeaders, error: String(error) });
+        throw error;
+      } finally {
+        finish();
+      }
+    };
+  }
+
+  /** A `ws` WebSocket subclass that records frames sent, the 101's headers and the close code. */
+  webSocket() {
+    const wire = this;
+    return class RecordingWebSocket extends WebSocket {
+      /**
+       * @param {string} url
+       * @param {string | string[] | undefined} protocols
+       * @param {{headers?: Record<string, string>}} [options]
+       */
+      constructor(url, protocols, options) {
+        super(url, protocols, options);
+        wire.socket = this;
+        wire.wsClosed = new Promise((resolve) => {
+          this.once("close", (code) => {
+            wire.wsCloseCode = code;
+            wire.log({ ws: "close", code });
+            resolve();
+          });
+        });
+        this.once("upgrade", (response) => wire.log({ ws: "upgrade", status: response.statusCode, responseHeaders: response.headers }));
+        this.on("message", (data) => wire.log({ ws: "recv", jsonrpc: describeMessage(parseJson(String(data))) }));
+      }
+
+      /**
+       * @param {any} data
+       * @param {any[]} rest
+       */
+      send(data, ...rest) {
+        super.send(data, ...rest);
+        const message = parseJson(data);
+        if (message) wire.sent.push(message);
+        wire.log({ ws: "send", jsonrpc: describeMessage(message) });
+      }
+    };
+  }
+
+  sentMethods() {
+    return this.sent.filter((m) => "method" in m).map((m) => String(m.method));
+  }
+
+  responsesSent() {
+    return this.sent.filter((m) => !("method" in m)).length;
+  }
+
+  httpSummary() {
+    const deletes = this.exchanges.filter((e) => e.method === "DELETE");
+    return {
+      posts: this.exchanges.filter((e) => e.method === "POST").length,
+      streams: this.exchanges.filter((e) => e.sse).length,
+      delete: deletes.length ? deletes[deletes.length - 1].status ?? null : null,
+    };
+  }
+}
+
+/**
+ * Texts of agent_message_chunk updates; every update must belong to `sessionId`.
+ * @param {SessionNotification[]} updates
+ * @param {string} sessionId
+ */
+function chunkTexts(updates, sessionId) {
+  /** @type {string[]} */
+  const texts = [];
+  for (const notification of updates) {
+    require(notification.sessionId === sessionId, `session/update for another session: ${notification.sessionId}`);
+    const update = notification.update;
+    if (update.sessionUpdate === "agent_message_chunk") {
+      require(update.content.type === "text", `non-text agent_message_chunk: ${JSON.stringify(update.content)}`);
+      texts.push(update.content.text);
+    }
+  }
+  return texts;
+}
+
+/**
+ * Chunks that start with a decimal index must count up by one; otherwise order is unchecked.
+ * @param {string[]} texts
+ */
+function checkStreamOrder(texts) {
+  /** @type {number[]} */
+  const indices = [];
+  for (const text of texts) {
+    const match = /^(\d+)/.exec(text);
+    if (!match) return "unchecked";
+    indices.push(Number(match[1]));
+  }
+  const start = indices.length ? indices[0] : 0;
+  const inOrder = indices.every((index, position) => index === start + position);
+  require(inOrder, `stream: chunks out of order: ${JSON.stringify(indices)}`);
+  return "indexed";
+}
+
+function sdkVersion() {
+  try {
+    const url = new URL("./node_modules/@agentclientprotocol/sdk/package.json", import.meta.url);
+    return JSON.parse(readFileSync(url, "utf8")).version;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * @param {string} url
+ * @param {"http" | "ws"} transport
+ * @param {number} ms
+ * @param {WireLog} wire
+ * @param {Record<string, unknown>} summary
+ */
+async function scenario(url, transport, ms, wire, summary) {
+  /** @type {SessionNotification[]} */
+  let updates = [];
+  /** @type {{sessionId: string, options: string[]}[]} */
+  const permissionRequests = [];
+
+  const app = client({ name: "acp-channels-interop-ts" })
+    .onNotification(methods.client.session.update, ({ params }) => {
+      updates.push(params);
+    })
+    .onRequest(methods.client.session.requestPermission, ({ params }) => {
+      const options = params.options.map((option) => option.optionId);
+      permissionRequests.push({ sessionId: params.sessionId, options });
+      /** @type {RequestPermissionResponse} */
+      const response = options.includes(PERMISSION_CHOICE)
+        ? { outcome: { outcome: "selected", optionId: PERMISSION_CHOICE } }
+        : { outcome: { outcome: "cancelled" } };
+      return response;
+    });
+
+  const stream =
+    transport === "http"
+      ? createHttpStream(url, { fetch: wire.fetch() })
+      : createWebSocketStream(url, { WebSocket: wire.webSocket() });
+  const connection = app.connect(stream);
+  const agent = connection.agent;
+  const takeUpdates = () => {
+    const taken = updates;
+    updates = [];
+    return taken;
+  };
+  /**
+   * Send a prompt and wait for its response plus the notifications queued before it (the SDK
+   * dispatches notifications asynchronously, so the last ones may land just after the response).
+   * @param {string} label
+   * @param {string} sessionId
+   * @param {string} text
+   * @param {number} expectedChunks
+   */
+  const prompt = async (label, sessionId, text, expectedChunks) => {
+    const response = await step(label, agent.request(methods.agent.session.prompt, { sessionId, prompt: [{ type: "text", text }] }), ms);
+    const count = () => updates.filter((n) => n.update.sessionUpdate === "agent_message_chunk").length;
+    await waitUntil(() => count() >= expectedChunks, 1000);
+    await tick();
+    return response;
+  };
+
+  let closed = false;
+  try {
+    const init = await step(
+      "initialize",
+      agent.request(methods.agent.initialize, {
+        protocolVersion: 1,
+        clientCapabilities: { fs: { readTextFile: false, writeTextFile: false } },
+        clientInfo: { name: "acp-channels-interop-ts", version: "0.0.0" },
+      }),
+      ms,
+    );
+    summary.protocolVersion = init.protocolVersion;
+    require(init.protocolVersion === 1, `initialize: protocolVersion ${init.protocolVersion}`);
+
+    const cwd = mkdtempSync(join(tmpdir(), "acp-interop-"));
+    let sessionId;
+    try {
+      const session = await step("session/new", agent.request(methods.agent.session.new, { cwd, mcpServers: [] }), ms);
+      sessionId = session.sessionId;
+    } finally {
+      rmSync(cwd, { recursive: true, force: true });
+    }
+    require(typeof sessionId === "string" && sessionId.length > 0, "session/new: empty sessionId");
+    summary.session = true;
+
+    // stream 50 64
+    takeUpdates();
+    const started = Date.now();
+    let response = await prompt("prompt stream", sessionId, `stream ${STREAM_COUNT} ${STREAM_SIZE}`, STREAM_COUNT);
+    summary.streamMs = Date.now() - started;
+    let texts = chunkTexts(takeUpdates(), sessionId);
+    summary.chunks = texts.length;
+    summary.streamStopReason = response.stopReason;
+    require(response.stopReason === "end_turn", `stream: stopReason ${response.stopReason}`);
+    require(texts.length === STREAM_COUNT, `stream: ${texts.length} chunks, expected ${STREAM_COUNT}`);
+    const sizes = [...new Set(texts.map((text) => text.length))].sort((a, b) => a - b);
+    require(sizes.length === 1 && sizes[0] === STREAM_SIZE, `stream: chunk sizes ${JSON.stringify(sizes)}, expected ${STREAM_SIZE}`);
+    summary.order = checkStreamOrder(texts);
+
+    // permission, answered with `allow`
+    response = await prompt("prompt permission", sessionId, "permission", 1);
+    texts = chunkTexts(takeUpdates(), sessionId);
+    summary.permission = texts.length ? texts[texts.length - 1] : null;
+    summary.permissionStopReason = response.stopReason;
+    require(permissionRequests.length === 1, `permission: ${permissionRequests.length} permission requests, expected 1`);
+    require(permissionRequests[0].sessionId === sessionId, "permission: request names another session");
+    require(
+      JSON.stringify(permissionRequests[0].options) === JSON.stringify(PERMISSION_OPTIONS),
+      `permission: options ${JSON.stringify(permissionRequests[0].options)}`,
+    );
+    require(texts.length === 1 && texts[0] === `permission: ${PERMISSION_CHOICE}`, `permission: chunks ${JSON.stringify(texts)}`);
+    require(response.stopReason === "end_turn", `permission: stopReason ${response.stopReason}`);
+
+    // wait_for_cancel, then session/cancel once the prompt is in flight
+    const promptCount = () => wire.sentMethods().filter((m) => m === methods.agent.session.prompt).length;
+    const pending = agent.request(methods.agent.session.prompt, { sessionId, prompt: [{ type: "text", text: "wait_for_cancel" }] });
+    pending.catch(() => {});
+    const inFlight = await waitUntil(() => promptCount() >= 3, ms);
+    require(inFlight, "send wait_for_cancel: the prompt was not accepted by the server in time");
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    await step("session/cancel", agent.notify(methods.agent.session.cancel, { sessionId }), ms);
+    response = await step("prompt wait_for_cancel", pending, ms);
+    summary.cancel = response.stopReason;
+    require(response.stopReason === "cancelled", `cancel: stopReason ${response.stopReason}`);
+
+    // close: the HTTP transport DELETEs the connection, the WebSocket one closes the socket
+    connection.close();
+    closed = true;
+    await step("close", closeTransport(transport, wire), ms);
+    summary.closed = true;
+  } finally {
+    if (!closed) {
+      connection.close();
+      await Promise.race([closeTransport(transport, wire), new Promise((r) => setTimeout(r, CLOSE_MS))]).catch(() => {});
+    }
+    summary.sent = wire.sentMethods();
+    summary.responsesSent = wire.responsesSent();
+  }
+  if (transport === "http") {
+    const status = wire.httpSummary().delete;
+    require(status !== null && status >= 200 && status < 300, `close: DELETE answered ${status}, expected 2xx`);
+  }
+}
+
+/**
+ * Wait for the transport's own close (started by connection.close()) to finish on the wire.
+ * @param {"http" | "ws"} transport
+ * @param {WireLog} wire
+ */
+async function closeTransport(transport, wire) {
+  if (transport === "http") {
+    const found = await waitUntil(() => wire.exchanges.some((e) => e.method === "DELETE"), CLOSE_MS);
+    require(found, "close: no DELETE was sent");
+    await Promise.all(wire.exchanges.filter((e) => e.method === "DELETE").map((e) => e.done));
+    return;
+  }
+  if (wire.wsClosed) await wire.wsClosed;
+}
+
+async function main() {
+  const args = process.argv.slice(2);
+  let timeoutSeconds = 20;
+  let trace = process.env.ACP_INTEROP_TRACE === "1";
+  /** @type {string[]} */
+  const positional = [];
+  for (let i = 0; i < args.length; i++) {
+    if (args[i] === "--trace") trace = true;
+    else if (args[i] === "--timeout") timeoutSeconds = Number(args[++i]);
+    else positional.push(args[i]);
+  }
+  const [url, transport] = positional;
+  /** @type {Record<string, unknown>} */
+  const summary = { ok: false, client: "typescript-sdk", sdk: sdkVersion(), transport: transport ?? null, url: url ?? null };
+  if (!url || (transport !== "http" && transport !== "ws") || !(timeoutSeconds > 0)) {
+    summary.error = "usage: node ts_client.mjs URL http|ws [--timeout SECONDS] [--trace]";
+    process.stdout.write(`${JSON.stringify(summary)}\n`);
+    process.stderr.write(`ts_client: ${summary.error}\n`);
+    return 2;
+  }
+  const wire = new WireLog(trace);
+  try {
+    await scenario(url, transport, timeoutSeconds * 1000, wire, summary);
+    summary.ok = true;
+  } catch (error) {
+    summary.error = error instanceof CheckFailed ? error.message : `${error?.constructor?.name ?? "Error"}: ${error?.message ?? error}`;
+  }
+  if (transport === "http") summary.http = wire.httpSummary();
+  else summary.ws = { closeCode: wire.wsCloseCode ?? null };
+  process.stdout.write(`${JSON.stringify(summary)}\n`);
+  if (!summary.ok) process.stderr.write(`ts_client: FAILED: ${summary.error}\n`);
+  return summary.ok ? 0 : 1;
+}
+
+// Exit explicitly: a failed run can leave sockets or timers open.
+main().then(
+  (code) => process.exit(code),
+  (error) => {
+    process.stderr.write(`ts_client: crashed: ${error?.stack ?? error}\n`);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Interop driver: the official ACP Python SDK client (``agent-client-protocol`` 0.12.1).
+
+Usage::
+
+    python tests/interop/py_client.py http://127.0.0.1:8000/acp   # HTTP: POST + SSE (acp.http)
+    python tests/interop/py_client.py ws://127.0.0.1:8000/acp     # WebSocket (acp.ws)
+
+Runs the interop scenario against a server hosting the demo agent (see README.md):
+initialize -> session/new -> ``stream 50 64`` -> ``permission`` (answers ``allow``)
+-> ``wait_for_cancel`` + session/cancel -> close (DELETE on HTTP, socket close on WS).
+
+Prints exactly one JSON line on stdout summarising what it observed. Exit status: 0 when
+every check passed, 1 when one failed (the JSON line has ``"ok": false`` and ``"error"``),
+2 on a bad URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import httpx
+from acp import connect_to_agent, text_block
+from acp.connection import StreamDirection, StreamEvent
+from acp.schema import (
+    AgentMessageChunk,
+    AllowedOutcome,
+    ClientCapabilities,
+    DeniedOutcome,
+    FileSystemCapabilities,
+    PermissionOption,
+    RequestPermissionResponse,
+    TextContentBlock,
+    ToolCallUpdate,
+)
+
+T = TypeVar("T")
+
+STREAM_COUNT = 50
+STREAM_SIZE = 64
+PERMISSION_OPTIONS = ["allow", "reject"]
+PERMISSION_CHOICE = "allow"
+CLOSE_SECONDS = 5.0
+_INDEX_PREFIX = re.compile(r"^(\d+)")
+_TRANSPORTS = {"http": "http", "https": "http", "ws": "ws", "wss": "ws"}
+
+
+class CheckFailed(Exception):
+    """A scenario check did not hold."""
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+async def step(label: str, awaitable: Awaitable[T], seconds: float) -> T:
+    """Await one scenario step, turning a hang into a failure."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    except TimeoutError:
+        raise CheckFailed(f"{label}: timed out after {seconds:g}s") from None
+
+
+@dataclass
+class DemoClient:
+    """The ACP client side: collects session updates and answers permission requests."""
+
+    updates: list[tuple[str, Any]] = field(default_factory=list)
+    permission_requests: list[dict[str, Any]] = field(default_factory=list)
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append((session_id, update))
+
+    async def request_permission(
+        self,
+        session_id: str,
+        tool_call: ToolCallUpdate,
+        options: list[PermissionOption],
+        **kwargs: Any,
+    ) -> RequestPermissionResponse:
+        option_ids = [option.option_id for option in options]
+        self.permission_requests.append({"sessionId": session_id, "options": option_ids})
+        if PERMISSION_CHOICE in option_ids:
+            selected = AllowedOutcome(outcome="selected", option_id=PERMISSION_CHOICE)
+            return RequestPermissionResponse(outcome=selected)
+        return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+
+    def take_updates(self) -> list[tuple[str, Any]]:
+        taken, self.updates = self.updates, []
+        return taken
+
+
+class WireLog:
+    """Connection observer: the JSON-RPC messages the SDK handed to / got from the transport."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.received: list[dict[str, Any]] = []
+        self._sent_event = asyncio.Event()
+
+    def __call__(self, event: StreamEvent) -> None:
+        if event.direction is StreamDirection.OUTGOING:
+            self.sent.append(event.message)
+            self._sent_event.set()
+        else:
+            self.received.append(event.message)
+
+    def sent_methods(self) -> list[str]:
+        return [str(message["method"]) for message in self.sent if "method" in message]
+
+    def responses_sent(self) -> int:
+        return sum(1 for message in self.sent if "method" not in message)
+
+    async def wait_sent(self, method: str, count: int) -> None:
+        """Wait until the transport accepted ``count`` messages of ``method``.
+
+        The observer runs after ``transport.send`` returned: on HTTP once the POST was
+        answered (202), on WebSocket once the frame was written.
+        """
+        while self.sent_methods().count(method) < count:
+            self._sent_event.clear()
+            await self._sent_event.wait()
+
+
+class HttpLog:
+    """httpx response hook recording each HTTP exchange of the SDK's HTTP transport."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[tuple[str, int, bool]] = []  # (method, status, is SSE GET)
+
+    async def on_response(self, response: httpx.Response) -> None:
+        request = response.request
+        is_sse = request.headers.get("accept") == "text/event-stream"
+        self.exchanges.append((request.method, response.status_code, is_sse))
+
+    def summary(self) -> dict[str, Any]:
+        deletes = [status for method, status, _ in self.exchanges if method == "DELETE"]
+        return {
+            "posts": sum(1 for method, _, _ in self.exchanges if method == "POST"),
+            "streams": sum(1 for method, _, is_sse in self.exchanges if method == "GET" and is_sse),
+            "delete": deletes[-1] if deletes else None,
+        }
+
+
+def chunk_texts(updates: list[tuple[str, Any]], session_id: str) -> list[str]:
+    """Texts of the agent_message_chunk updates, checking they all belong to ``session_id``."""
+    texts: list[str] = []
+    for update_session, update in updates:
+        require(update_session == session_id, f"session/update for another session: {update_session!r}")
+        if isinstance(update, AgentMessageChunk):
+            content = update.content
+            require(isinstance(content, TextContentBlock), f"non-text agent_message_chunk: {content!r}")
+            texts.append(content.text)
+    return texts
+
+
+def check_stream_order(texts: list[str]) -> str:
+    """Chunks that start with a decimal index must count up by one; else order is unchecked."""
+    indices: list[int] = []
+    for text in texts:
+        match = _INDEX_PREFIX.match(text)
+        if match is None:
+            return "unchecked"
+        indices.append(int(match.group(1)))
+    start = indices[0] if indices else 0
+    require(indices == list(range(start, start + len(indices))), f"stream: chunks out of order: {indices}")
+    return "indexed"
+
+
+async def open_transport(url: str, http_client: httpx.AsyncClient) -> Any:
+    if _TRANSPORTS[urlparse(url).scheme] == "http":
+        from acp.http import create_http_stream
+
+        return create_http_stream(url, client=http_client)
+    from acp.ws import create_websocket_stream
+
+    return await create_websocket_stream(url)
+
+
+async def run(url: str, seconds: float, summary: dict[str, Any]) -> None:
+    http_log = HttpLog()
+    # The SDK's default client settings (HTTP/2 enabled, no read timeout because SSE streams are
+    # long-lived) plus a response hook; passing our own client means we close it ourselves.
+    http_client = httpx.AsyncClient(
+        http2=True, timeout=httpx.Timeout(None), event_hooks={"response": [http_log.on_response]}
+    )
+    try:
+        await scenario(url, seconds, summary, http_client)
+    finally:
+        await http_client.aclose()
+        if summary["transport"] == "http":
+            summary["http"] = http_log.summary()
+    if summary["transport"] == "http":
+        delete_status = summary["http"]["delete"]
+        require(
+            delete_status is not None and 200 <= delete_status < 300,
+            f"close: DELETE answered {delete_status}, expected 2xx",
+        )
+
+
+async def scenario(url: str, seconds: float, summary: dict[str, Any], http_client: httpx.AsyncClient) -> None:
+    client = DemoClient()
+    wire = WireLog()
+    transport = await step("connect", open_transport(url, http_client), seconds)
+    conn = connect_to_agent(client, transport, use_unstable_protocol=True, observers=[wire])
+    closed = False
+    try:
+        # initialize
+        capabilities = ClientCapabilities(
+            fs=FileSystemCapabilities(read_text_file=False, write_text_file=False)
+        )
+        init = await step(
+            "initialize", conn.initialize(protocol_version=1, client_capabilities=capabilities), seconds
+        )
+        summary["protocolVersion"] = init.protocol_version
+        require(init.protocol_version == 1, f"initialize: protocolVersion {init.protocol_version}")
+
+        # session/new
+        with tempfile.TemporaryDirectory(prefix="acp-interop-") as cwd:
+            session = await step("session/new", conn.new_session(cwd=cwd, mcp_servers=[]), seconds)
+        session_id = session.session_id
+        require(bool(session_id), "session/new: empty sessionId")
+        summary["session"] = True
+
+        # stream 50 64
+        client.take_updates()
+        started = time.monotonic()
+        prompt = [text_block(f"stream {STREAM_COUNT} {STREAM_SIZE}")]
+        response = await step("prompt stream", conn.prompt(session_id=session_id, prompt=prompt), seconds)
+        summary["streamMs"] = round((time.monotonic() - started) * 1000)
+        texts = chunk_texts(client.take_updates(), session_id)
+        summary["chunks"] = len(texts)
+        summary["streamStopReason"] = response.stop_reason
+        require(response.stop_reason == "end_turn", f"stream: stopReason {response.stop_reason!r}")
+        require(len(texts) == STREAM_COUNT, f"stream: {len(texts)} chunks, expected {STREAM_COUNT}")
+        sizes = sorted({len(text) for text in texts})
+        require(sizes == [STREAM_SIZE], f"stream: chunk sizes {sizes}, expected {STREAM_SIZE}")
+        summary["order"] = check_stream_order(texts)
+
+        # permission, answered with `allow`
+        prompt = [text_block("permission")]
+        response = await step("prompt permission", conn.prompt(session_id=session_id, prompt=prompt), seconds)
+        texts = chunk_texts(client.take_updates(), session_id)
+        summary["permission"] = texts[-1] if texts else None
+        summary["permissionStopReason"] = response.stop_reason
+        requests = client.permission_requests
+        require(len(requests) == 1, f"permission: {len(requests)} permission requests, expected 1")
+        require(requests[0]["sessionId"] == session_id, "permission: request names another session")
+        require(requests[0]["options"] == PERMISSION_OPTIONS, f"permission: options {requests[0]['options']}")
+        require(texts == [f"permission: {PERMISSION_CHOICE}"], f"permission: chunks {texts}")
+        require(response.stop_reason == "end_turn", f"permission: stopReason {response.stop_reason!r}")
+
+        # wait_for_cancel, then session/cancel once the prompt is in flight
+        prompt = [text_block("wait_for_cancel")]
+        prompt_task = asyncio.ensure_future(conn.prompt(session_id=session_id, prompt=prompt))
+        try:
+            await step("send wait_for_cancel", wire.wait_sent("session/prompt", count=3), seconds)
+            await asyncio.sleep(0.1)
+            await step("session/cancel", conn.cancel(session_id=session_id), seconds)
+            response = await step("prompt wait_for_cancel", asyncio.shield(prompt_task), seconds)
+        finally:
+            if not prompt_task.done():
+                prompt_task.cancel()
+        summary["cancel"] = response.stop_reason
+        require(response.stop_reason == "cancelled", f"cancel: stopReason {response.stop_reason!r}")
+
+        # close: the HTTP transport DELETEs the connection, the WebSocket one closes the socket
+        await step("close", conn.close(), seconds)
+        closed = True
+        summary["closed"] = True
+    finally:
+        summary["sent"] = wire.sent_methods()
+        summary["responsesSent"] = wire.responses_sent()
+        if not closed:
+            try:
+                await asyncio.wait_for(conn.close(), CLOSE_SECONDS)
+            except Exception as exc:
+                summary["closeError"] = f"{type(exc).__name__}: {exc}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("url", help="ACP endpoint: http(s)://HOST:PORT/acp or ws(s)://HOST:PORT/acp")
+    parser.add_argument("--timeout", type=float, default=20.0, help="per-step timeout, seconds (20)")
+    args = parser.parse_args()
+
+    transport = _TRANSPORTS.get(urlparse(args.url).scheme)
+    summary: dict[str, Any] = {"ok": False, "client": "python-sdk", "transport": transport, "url": args.url}
+    if transport is None:
+        summary["error"] = "URL scheme must be http, https, ws or wss"
+        print(json.dumps(summary), flush=True)
+        print(f"py_client: {summary['error']}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(run(args.url, args.timeout, summary))
+        summary["ok"] = True
+    except CheckFailed as exc:
+        summary["error"] = str(exc)
+    except Exception as exc:  # any failure, e.g. a JSON-RPC error, becomes the one JSON line
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(summary), flush=True)
+    if not summary["ok"]:
+        print(f"py_client: FAILED: {summary['error']}", file=sys.stderr)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
