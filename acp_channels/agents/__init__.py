@@ -33,11 +33,17 @@ class AgentClosed(ConnectionError):
 
 
 def create_agent_channel() -> AgentChannel:
-    """A new agent for one connection, from the `AGENT` setting."""
+    """A new agent for one connection, from the `AGENT` setting.
+
+    The factory returns an agent written with the `acp` SDK, or an object that already speaks
+    frames (an AgentChannel: it has `send`, `receive` and `close`), used as it is.
+    """
     from django.utils.module_loading import import_string
 
     from acp_channels.agents.sdk import SdkAgentChannel
     from acp_channels.conf import acp_settings
 
-    factory = import_string(acp_settings.AGENT)
-    return SdkAgentChannel(factory())
+    agent = import_string(acp_settings.AGENT)()
+    if all(callable(getattr(agent, name, None)) for name in ("send", "receive", "close")):
+        return agent  # type: ignore[no-any-return]
+    return SdkAgentChannel(agent)

@@ -115,6 +115,8 @@ class WireLog {
     /** Outgoing JSON-RPC messages in the order the server accepted them (HTTP 2xx / frame sent). */
     /** @type {any[]} */
     this.sent = [];
+    /** @type {string | undefined} Acp-Connection-Id from a successful initialize POST */
+    this.connectionId = undefined;
     /** @type {WebSocket | undefined} */
     this.socket = undefined;
     /** @type {number | undefined} */
@@ -142,6 +144,8 @@ class WireLog {
       try {
         const response = await globalThis.fetch(input, init);
         entry.status = response.status;
+        const connectionId = response.headers.get("acp-connection-id");
+        if (response.ok && message?.method === "initialize" && connectionId) this.connectionId = connectionId;
         if (response.ok && method === "POST" && message) this.sent.push(message);
         this.log({
           http: method,
@@ -172,6 +176,9 @@ class WireLog {
       constructor(url, protocols, options) {
         super(url, protocols, options);
         wire.socket = this;
+        // The SDK detaches its listeners when the stream closes; without one of ours, an error
+        // after that (e.g. closing before the handshake finished) would crash the process.
+        this.on("error", (error) => wire.log({ ws: "error", error: String(error) }));
         wire.wsClosed = new Promise((resolve) => {
           this.once("close", (code) => {
             wire.wsCloseCode = code;
@@ -405,6 +412,7 @@ async function scenario(url, transport, ms, wire, summary) {
  */
 async function closeTransport(transport, wire) {
   if (transport === "http") {
+    if (!wire.connectionId) return; // nothing to DELETE
     const found = await waitUntil(() => wire.exchanges.some((e) => e.method === "DELETE"), CLOSE_MS);
     require(found, "close: no DELETE was sent");
     await Promise.all(wire.exchanges.filter((e) => e.method === "DELETE").map((e) => e.done));

@@ -1,0 +1,142 @@
+"""A frame-level scripted agent for the wire tests (ACP_AGENT=tests.wire_agent.create).
+
+It speaks raw frames (an AgentChannel), so tests can make it do what an SDK agent would not:
+send side traffic before the init reply, emit malformed output, exit, burst, and report exactly
+which frames it received (method `test/received`).
+
+Requests it understands (everything else is echoed: result {"method": m, "params": p}):
+- initialize: params.reject -> error reply; params.sideTraffic -> a `test/side` notification
+  (and one for session "side-session") before the reply; params.hang -> never replies;
+  params.exit -> ends without replying.
+- test/received: result {"frames": [every frame received before this one, as JSON text]}.
+- test/emit: params.frames (list of raw texts) are emitted as they are (malformed allowed).
+- test/burst: params.count notifications `test/item` {"n": i, "sessionId"?} then the reply.
+- test/ask: sends the client a request {"id": params.askId, "method": "test/question",
+  "params": {"sessionId"?}} then replies.
+- test/exit: replies, emits params.final (a notification) if given, then ends.
+A batch gets one grouped reply array of echoes (malformed call entries get -32600 slots);
+notification-only batches get nothing; malformed frames get the SDK-style -32700/-32600.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from acp_channels import protocol
+from acp_channels.agents import AgentClosed
+from acp_channels.protocol import Batch, Frame, Malformed, MalformedEntry, Message, Single
+
+
+class WireAgent:
+    def __init__(self) -> None:
+        self._outbox: asyncio.Queue[Frame | None] = asyncio.Queue()
+        self._received: list[str] = []
+        self._closed = False
+
+    async def send(self, frame: Frame) -> None:
+        if self._closed:
+            raise AgentClosed("wire agent ended")
+        if isinstance(frame, Single) and frame.message.get("method") == "test/received":
+            self._reply(frame.message, {"frames": list(self._received)})
+            return
+        self._received.append(protocol.serialize_frame(frame))
+        if isinstance(frame, Malformed):
+            if not _response_shaped_text(frame.raw):
+                self._emit(Single(frame.error))
+        elif isinstance(frame, Batch):
+            replies = [_batch_reply(entry) for entry in frame.entries]
+            present = [reply for reply in replies if reply is not None]
+            if present:
+                self._emit(Batch(present))
+        else:
+            self._handle(frame.message)
+
+    async def receive(self) -> Frame | None:
+        return await self._outbox.get()
+
+    async def close(self) -> None:
+        self._end()
+
+    # -- behaviour ---------------------------------------------------------------------------
+
+    def _handle(self, message: Message) -> None:
+        method = message.get("method")
+        if method is None or "id" not in message:
+            return  # responses and notifications are only recorded
+        params = message.get("params") if isinstance(message.get("params"), dict) else {}
+        assert isinstance(params, dict)
+        if method == "initialize":
+            self._initialize(message, params)
+        elif method == "test/emit":
+            for raw in params.get("frames", []):
+                self._emit(protocol.parse_frame(raw))
+            self._reply(message, {"ok": True})
+        elif method == "test/burst":
+            for n in range(int(params.get("count", 0))):
+                item: Message = {"n": n}
+                if "sessionId" in params:
+                    item["sessionId"] = params["sessionId"]
+                self._emit(Single({"jsonrpc": "2.0", "method": "test/item", "params": item}))
+            self._reply(message, {"ok": True})
+        elif method == "test/ask":
+            question: Message = {"jsonrpc": "2.0", "id": params.get("askId", "q-1"), "method": "test/question"}
+            if "sessionId" in params:
+                question["params"] = {"sessionId": params["sessionId"]}
+            self._emit(Single(question))
+            self._reply(message, {"ok": True})
+        elif method == "test/exit":
+            self._reply(message, {"ok": True})
+            if isinstance(params.get("final"), dict):
+                self._emit(Single(params["final"]))
+            self._end()
+        else:
+            self._reply(message, {"method": method, "params": message.get("params")})
+
+    def _initialize(self, message: Message, params: dict[str, Any]) -> None:
+        if params.get("hang"):
+            return
+        if params.get("exit"):
+            self._end()
+            return
+        if params.get("sideTraffic"):
+            self._emit(Single({"jsonrpc": "2.0", "method": "test/side", "params": {}}))
+            self._emit(Single({"jsonrpc": "2.0", "method": "test/side", "params": {"sessionId": "side-session"}}))
+        if params.get("reject"):
+            self._emit(Single(protocol.error_response(message["id"], protocol.INVALID_REQUEST, "rejected")))
+            return
+        self._reply(message, {"protocolVersion": 1, "agentCapabilities": {}})
+
+    def _reply(self, message: Message, result: Any) -> None:
+        self._emit(Single({"jsonrpc": "2.0", "id": message["id"], "result": result}))
+
+    def _emit(self, frame: Frame) -> None:
+        if not self._closed:
+            self._outbox.put_nowait(frame)
+
+    def _end(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._outbox.put_nowait(None)
+
+
+def _batch_reply(entry: Message | MalformedEntry) -> Message | None:
+    if isinstance(entry, MalformedEntry):
+        return None if protocol.is_response_shaped(entry.value) else protocol.invalid_request()
+    if "method" not in entry or "id" not in entry:
+        return None
+    if entry["method"] == "initialize" and isinstance(entry.get("params"), dict) and entry["params"].get("reject"):
+        return protocol.error_response(entry["id"], protocol.INVALID_REQUEST, "rejected")
+    return {"jsonrpc": "2.0", "id": entry["id"], "result": {"method": entry["method"], "params": entry.get("params")}}
+
+
+def _response_shaped_text(raw: str) -> bool:
+    try:
+        return protocol.is_response_shaped(json.loads(raw))
+    except ValueError:
+        return False
+
+
+def create() -> WireAgent:
+    return WireAgent()
