@@ -6,7 +6,9 @@ class AcpChannelsConfig(AppConfig):
     verbose_name = "ACP Channels"
 
     def ready(self) -> None:
-        from acp_channels import checks  # noqa: F401  (registers the system checks)
+        from acp_channels import checks, daphne_compat  # noqa: F401  (checks register themselves)
+
+        daphne_compat.install()
         from acp_channels.cors import enable_cors_for_acp
 
         try:

@@ -29,8 +29,11 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors += _check_number("MAX_CONNECTIONS", int, "acp_channels.E006", optional=True)
     errors += _check_cors()
     errors += [
-        Warning(f"ACP_CHANNELS has an unknown key {key!r}.", hint=f"Known keys: {', '.join(DEFAULTS)}.",
-                id="acp_channels.W001")
+        Warning(
+            f"ACP_CHANNELS has an unknown key {key!r}.",
+            hint=f"Known keys: {', '.join(DEFAULTS)}.",
+            id="acp_channels.W001",
+        )
         for key in raw
         if key not in DEFAULTS
     ]
@@ -45,72 +48,84 @@ def _check_agent(path: Any) -> list[CheckMessage]:
     try:
         factory = import_string(path)
     except ImportError as error:
-        return [Error(f"ACP_CHANNELS['AGENT'] = {path!r} cannot be imported: {error}", hint=hint,
-                      id="acp_channels.E001")]
+        return [
+            Error(f"ACP_CHANNELS['AGENT'] = {path!r} cannot be imported: {error}", hint=hint, id="acp_channels.E001")
+        ]
     if not callable(factory):
         return [Error(f"ACP_CHANNELS['AGENT'] = {path!r} is not callable.", hint=hint, id="acp_channels.E001")]
     return []
 
 
 def _check_number(name: str, kind: type, check_id: str, *, optional: bool = False) -> list[CheckMessage]:
-    value = getattr(acp_settings, name)
+    value: Any = getattr(acp_settings, name)
     if value is None and optional:
         return []
     valid_types: tuple[type, ...] = (int, float) if kind is float else (int,)
     if isinstance(value, bool) or not isinstance(value, valid_types) or value <= 0:
         allowed = "a positive number" if kind is float else "a positive integer"
-        return [Error(f"ACP_CHANNELS['{name}'] must be {allowed}{' or None' if optional else ''}, "
-                      f"not {value!r}.", id=check_id)]
+        return [
+            Error(
+                f"ACP_CHANNELS['{name}'] must be {allowed}{' or None' if optional else ''}, not {value!r}.", id=check_id
+            )
+        ]
     return []
 
 
 def _check_cors() -> list[CheckMessage]:
     origins = acp_settings.CORS_ALLOWED_ORIGINS
     if not isinstance(origins, list | tuple) or not all(isinstance(origin, str) for origin in origins):
-        return [Error("ACP_CHANNELS['CORS_ALLOWED_ORIGINS'] must be a list of origin strings.",
-                      id="acp_channels.E007")]
+        return [Error("ACP_CHANNELS['CORS_ALLOWED_ORIGINS'] must be a list of origin strings.", id="acp_channels.E007")]
     errors: list[CheckMessage] = []
     for origin in origins:
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or origin.endswith("/"):
-            errors.append(Error(f"{origin!r} is not an origin (scheme://host[:port], no path).",
-                                id="acp_channels.E007"))
+            errors.append(
+                Error(f"{origin!r} is not an origin (scheme://host[:port], no path).", id="acp_channels.E007")
+            )
     if not origins:
         return errors
     if "corsheaders" not in settings.INSTALLED_APPS or not any(
         entry.endswith("CorsMiddleware") for entry in getattr(settings, "MIDDLEWARE", [])
     ):
-        errors.append(Error(
-            "CORS_ALLOWED_ORIGINS needs django-cors-headers.",
-            hint='Add "corsheaders" to INSTALLED_APPS and "corsheaders.middleware.CorsMiddleware" '
-                 "near the top of MIDDLEWARE.",
-            id="acp_channels.E008",
-        ))
+        errors.append(
+            Error(
+                "CORS_ALLOWED_ORIGINS needs django-cors-headers.",
+                hint='Add "corsheaders" to INSTALLED_APPS and "corsheaders.middleware.CorsMiddleware" '
+                "near the top of MIDDLEWARE.",
+                id="acp_channels.E008",
+            )
+        )
     exposed = {name.lower() for name in getattr(settings, "CORS_EXPOSE_HEADERS", ())}
     if not set(ACP_EXPOSE_HEADERS) <= exposed:
-        errors.append(Error(
-            "CORS_EXPOSE_HEADERS must include the ACP response headers.",
-            hint="CORS_EXPOSE_HEADERS = [*acp_channels.cors.ACP_EXPOSE_HEADERS]",
-            id="acp_channels.E009",
-        ))
+        errors.append(
+            Error(
+                "CORS_EXPOSE_HEADERS must include the ACP response headers.",
+                hint="CORS_EXPOSE_HEADERS = [*acp_channels.cors.ACP_EXPOSE_HEADERS]",
+                id="acp_channels.E009",
+            )
+        )
     from corsheaders.defaults import default_headers
 
     allowed = {name.lower() for name in getattr(settings, "CORS_ALLOW_HEADERS", default_headers)}
     if not set(ACP_ALLOW_HEADERS) <= allowed:
-        errors.append(Error(
-            "CORS_ALLOW_HEADERS must include the ACP request headers.",
-            hint="CORS_ALLOW_HEADERS = (*corsheaders.defaults.default_headers, "
-                 "*acp_channels.cors.ACP_ALLOW_HEADERS)",
-            id="acp_channels.E010",
-        ))
+        errors.append(
+            Error(
+                "CORS_ALLOW_HEADERS must include the ACP request headers.",
+                hint="CORS_ALLOW_HEADERS = (*corsheaders.defaults.default_headers, "
+                "*acp_channels.cors.ACP_ALLOW_HEADERS)",
+                id="acp_channels.E010",
+            )
+        )
     return errors
 
 
 def _check_middleware() -> list[CheckMessage]:
     if "django.middleware.gzip.GZipMiddleware" in getattr(settings, "MIDDLEWARE", []):
-        return [Warning(
-            "GZipMiddleware compresses the SSE stream of /acp, which delays events.",
-            hint="Remove GZipMiddleware, or exclude the ACP endpoint from it.",
-            id="acp_channels.W002",
-        )]
+        return [
+            Warning(
+                "GZipMiddleware compresses the SSE stream of /acp, which delays events.",
+                hint="Remove GZipMiddleware, or exclude the ACP endpoint from it.",
+                id="acp_channels.W002",
+            )
+        ]
     return []

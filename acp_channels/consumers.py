@@ -16,7 +16,7 @@ from acp_channels.host import ConnectionHost, registry
 from acp_channels.protocol import InboundPlan
 
 
-class AcpWebsocketConsumer(AsyncWebsocketConsumer):
+class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     host: ConnectionHost | None = None
     writer: asyncio.Task[None] | None = None
 

@@ -165,9 +165,7 @@ class ConnectionHost:
     def _match_responses(self, plan: InboundPlan) -> None:
         """Check the session header of responses to agent requests, then forget those requests."""
         answered = [
-            protocol.id_key(message["id"])
-            for message in protocol.frame_messages(plan.frame)
-            if "method" not in message
+            protocol.id_key(message["id"]) for message in protocol.frame_messages(plan.frame) if "method" not in message
         ]
         for key in answered:
             protocol.check_response_session(plan.session_header, self._agent_requests.get(key, False))

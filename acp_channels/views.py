@@ -18,7 +18,7 @@ from acp_channels import protocol
 from acp_channels.agents import AgentClosed, create_agent_channel
 from acp_channels.conf import acp_settings
 from acp_channels.host import AgentEnded, Mailbox, StreamBusy, registry
-from acp_channels.protocol import CONNECTION_HEADER, SESSION_HEADER, Frame, InboundPlan, SessionHeaderError
+from acp_channels.protocol import CONNECTION_HEADER, SESSION_HEADER, Frame, SessionHeaderError
 
 logger = logging.getLogger(__name__)
 
@@ -117,9 +117,7 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> Htt
     max_connections: int | None = acp_settings.MAX_CONNECTIONS
     if max_connections is not None and len(registry) >= max_connections:
         return text_response(503, TOO_MANY_CONNECTIONS)
-    host = registry.create(
-        create_agent_channel(), "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES
-    )
+    host = registry.create(create_agent_channel(), "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES)
     timeout: float | None = acp_settings.INITIALIZE_TIMEOUT
     try:
         reply = await asyncio.wait_for(host.initialize(frame, init_id), timeout)
@@ -176,7 +174,7 @@ def open_stream(request: HttpRequest) -> HttpResponseBase:
             content_type="text/event-stream",
         )
         # If the body is never iterated (the client left at once), closing frees the stream.
-        response._resource_closers.append(lambda: mailbox.release(lease))
+        response._resource_closers.append(lambda: mailbox.release(lease))  # type: ignore[attr-defined]
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: never buffer an event stream
     response[CONNECTION_HEADER] = connection_id

@@ -4,6 +4,6 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
 
-from acp_channels.routing import build_asgi_application  # noqa: E402
+from acp_channels.routing import build_asgi_application
 
 application = build_asgi_application()

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_MESSAGE = 16 * 1024 * 1024 + 4096  # the 16 MiB body limit plus JSON-RPC framing
 LISTENING = re.compile(r"Listening on TCP address [\d.]+:(\d+)")
 
 
@@ -46,9 +47,23 @@ class DaphneServer:
     def start(self, timeout: float = 30.0) -> DaphneServer:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings", **self.env}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-e", "tcp:port=0:interface=127.0.0.1:backlog=2048",
-             "--websocket_timeout", "-1", "demo_project.asgi:application"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-e",
+                "tcp:port=0:interface=127.0.0.1:backlog=2048",
+                "--websocket_timeout",
+                "-1",
+                "--websocket-max-message-size",
+                str(MAX_MESSAGE),
+                "demo_project.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         ready = threading.Event()
         threading.Thread(target=self._pump, args=(ready,), daemon=True).start()
@@ -178,8 +193,12 @@ async def initialize(client: httpx.AsyncClient, url: str, params: dict[str, Any]
 
 
 async def post(
-    client: httpx.AsyncClient, url: str, body: Any, connection_id: str | None = None,
-    session_id: str | None = None, **headers: str,
+    client: httpx.AsyncClient,
+    url: str,
+    body: Any,
+    connection_id: str | None = None,
+    session_id: str | None = None,
+    **headers: str,
 ) -> httpx.Response:
     all_headers = {**JSON, **headers}
     if connection_id is not None:

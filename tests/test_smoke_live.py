@@ -20,8 +20,11 @@ async def test_initialize_session_prompt_delete(demo_server: DaphneServer, http:
             response = await post(http, url, rpc(2, "session/prompt", prompt), connection_id, session_id)
             assert response.status_code == 202
             chunks = [await session_stream.next() for _ in range(3)]
-            assert [c["params"]["update"]["content"]["text"] for c in chunks] == ["0:xxxxxxxx", "1:xxxxxxxx",
-                                                                                 "2:xxxxxxxx"]
+            assert [c["params"]["update"]["content"]["text"] for c in chunks] == [
+                "0:xxxxxxxx",
+                "1:xxxxxxxx",
+                "2:xxxxxxxx",
+            ]
             assert (await session_stream.next()) == {"jsonrpc": "2.0", "id": 2, "result": {"stopReason": "end_turn"}}
             response = await http.delete(url, headers={"Acp-Connection-Id": connection_id})
             assert response.status_code == 202

@@ -65,9 +65,7 @@ class SdkAgentChannel:
         self._in_flight: dict[int, _InFlight] = {}
         self._closed = False
         self._ended = False
-        self._connection = AgentSideConnection(
-            agent, _SdkTransport(self), listening=False, use_unstable_protocol=True
-        )
+        self._connection = AgentSideConnection(agent, _SdkTransport(self), listening=False, use_unstable_protocol=True)
         inner: Handler = self._connection._conn._handler
         self._connection._conn._handler = self._wrap_handler(inner)
         self._task = asyncio.create_task(self._run(), name="acp-channels.sdk-agent")

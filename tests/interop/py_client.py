@@ -138,20 +138,47 @@ class HttpLog:
     """httpx response hook recording each HTTP exchange of the SDK's HTTP transport."""
 
     def __init__(self) -> None:
-        self.exchanges: list[tuple[str, int, bool]] = []  # (method, status, is SSE GET)
+        self.exchanges: list[dict[str, Any]] = []
 
     async def on_response(self, response: httpx.Response) -> None:
         request = response.request
-        is_sse = request.headers.get("accept") == "text/event-stream"
-        self.exchanges.append((request.method, response.status_code, is_sse))
+        self.exchanges.append(
+            {
+                "method": request.method,
+                "status": response.status_code,
+                "sse": request.headers.get("accept") == "text/event-stream",
+                "jsonrpc": describe_message(request.content) if request.method == "POST" else None,
+            }
+        )
 
     def summary(self) -> dict[str, Any]:
-        deletes = [status for method, status, _ in self.exchanges if method == "DELETE"]
+        exchanges = self.exchanges
+        deletes = [exchange["status"] for exchange in exchanges if exchange["method"] == "DELETE"]
+        errors = [
+            {key: exchange[key] for key in ("method", "status", "jsonrpc") if exchange[key] is not None}
+            for exchange in exchanges
+            if not 200 <= exchange["status"] < 300
+        ]
         return {
-            "posts": sum(1 for method, _, _ in self.exchanges if method == "POST"),
-            "streams": sum(1 for method, _, is_sse in self.exchanges if method == "GET" and is_sse),
+            "posts": sum(1 for exchange in exchanges if exchange["method"] == "POST"),
+            "streams": sum(1 for exchange in exchanges if exchange["method"] == "GET" and exchange["sse"]),
             "delete": deletes[-1] if deletes else None,
+            **({"errors": errors} if errors else {}),
         }
+
+
+def describe_message(body: bytes) -> str | None:
+    """``request <method>``, ``notification <method>`` or ``response`` for a POSTed JSON-RPC body."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(message, dict):
+        return None
+    if "method" in message:
+        kind = "request" if "id" in message else "notification"
+        return f"{kind} {message['method']}"
+    return "response"
 
 
 def chunk_texts(updates: list[tuple[str, Any]], session_id: str) -> list[str]:

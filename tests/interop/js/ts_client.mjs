@@ -46,7 +46,7 @@ class CheckFailed extends Error {}
  * @param {string} message
  * @returns {asserts condition}
  */
-function require(condition, message) {
+function check(condition, message) {
   if (!condition) throw new CheckFailed(message);
 }
 
@@ -98,8 +98,25 @@ function parseJson(body) {
 /** @param {any} message */
 function describeMessage(message) {
   if (!message || typeof message !== "object") return undefined;
-  if ("method" in message) return "id" in message ? `request ${message.method}` : `notification ${message.method}`;
-  return "id" in message ? `response ${"error" in message ? "error" : "result"}` : "unknown";
+  if ("method" in message)
+    return "id" in message ? `request ${message.method}` : `notification ${message.method}`;
+  return "id" in message ? "response" : undefined;
+}
+
+/**
+ * @typedef {object} Exchange One HTTP request made by the SDK's HTTP transport.
+ * @property {string} method
+ * @property {boolean} sse a GET asking for text/event-stream
+ * @property {any} message the JSON-RPC message POSTed, if any
+ * @property {number | undefined} status
+ * @property {Promise<void>} done settles when the response headers arrived or the request failed
+ */
+
+/** @param {unknown} error */
+function describeError(error) {
+  if (error instanceof CheckFailed) return error.message;
+  if (error instanceof Error) return `${error.constructor.name}: ${error.message}`;
+  return `error: ${JSON.stringify(error)}`;
 }
 
 /**
@@ -110,7 +127,7 @@ class WireLog {
   /** @param {boolean} trace */
   constructor(trace) {
     this.trace = trace;
-    /** @type {{method: string, status?: number, sse: boolean, message?: any, done: Promise<void>}[]} */
+    /** @type {Exchange[]} */
     this.exchanges = [];
     /** Outgoing JSON-RPC messages in the order the server accepted them (HTTP 2xx / frame sent). */
     /** @type {any[]} */
@@ -139,7 +156,14 @@ class WireLog {
       const sse = method === "GET" && requestHeaders.accept === "text/event-stream";
       /** @type {() => void} */
       let finish = () => {};
-      const entry = { method, sse, message, status: undefined, done: new Promise((r) => (finish = () => r(undefined))) };
+      /** @type {Exchange} */
+      const entry = {
+        method,
+        sse,
+        message,
+        status: undefined,
+        done: new Promise((r) => (finish = () => r())),
+      };
       this.exchanges.push(entry);
       try {
         const response = await globalThis.fetch(input, init);
@@ -186,8 +210,12 @@ class WireLog {
             resolve();
           });
         });
-        this.once("upgrade", (response) => wire.log({ ws: "upgrade", status: response.statusCode, responseHeaders: response.headers }));
-        this.on("message", (data) => wire.log({ ws: "recv", jsonrpc: describeMessage(parseJson(String(data))) }));
+        this.once("upgrade", (response) =>
+          wire.log({ ws: "upgrade", status: response.statusCode, responseHeaders: response.headers }),
+        );
+        this.on("message", (data) =>
+          wire.log({ ws: "recv", jsonrpc: describeMessage(parseJson(String(data))) }),
+        );
       }
 
       /**
@@ -213,10 +241,14 @@ class WireLog {
 
   httpSummary() {
     const deletes = this.exchanges.filter((e) => e.method === "DELETE");
+    const errors = this.exchanges
+      .filter((e) => e.status !== undefined && (e.status < 200 || e.status >= 300))
+      .map((e) => ({ method: e.method, status: e.status, jsonrpc: describeMessage(e.message) }));
     return {
       posts: this.exchanges.filter((e) => e.method === "POST").length,
       streams: this.exchanges.filter((e) => e.sse).length,
-      delete: deletes.length ? deletes[deletes.length - 1].status ?? null : null,
+      delete: deletes.length ? (deletes[deletes.length - 1].status ?? null) : null,
+      ...(errors.length ? { errors } : {}),
     };
   }
 }
@@ -230,10 +262,16 @@ function chunkTexts(updates, sessionId) {
   /** @type {string[]} */
   const texts = [];
   for (const notification of updates) {
-    require(notification.sessionId === sessionId, `session/update for another session: ${notification.sessionId}`);
+    check(
+      notification.sessionId === sessionId,
+      `session/update for another session: ${notification.sessionId}`,
+    );
     const update = notification.update;
     if (update.sessionUpdate === "agent_message_chunk") {
-      require(update.content.type === "text", `non-text agent_message_chunk: ${JSON.stringify(update.content)}`);
+      check(
+        update.content.type === "text",
+        `non-text agent_message_chunk: ${JSON.stringify(update.content)}`,
+      );
       texts.push(update.content.text);
     }
   }
@@ -254,7 +292,7 @@ function checkStreamOrder(texts) {
   }
   const start = indices.length ? indices[0] : 0;
   const inOrder = indices.every((index, position) => index === start + position);
-  require(inOrder, `stream: chunks out of order: ${JSON.stringify(indices)}`);
+  check(inOrder, `stream: chunks out of order: ${JSON.stringify(indices)}`);
   return "indexed";
 }
 
@@ -314,7 +352,11 @@ async function scenario(url, transport, ms, wire, summary) {
    * @param {number} expectedChunks
    */
   const prompt = async (label, sessionId, text, expectedChunks) => {
-    const response = await step(label, agent.request(methods.agent.session.prompt, { sessionId, prompt: [{ type: "text", text }] }), ms);
+    const response = await step(
+      label,
+      agent.request(methods.agent.session.prompt, { sessionId, prompt: [{ type: "text", text }] }),
+      ms,
+    );
     const count = () => updates.filter((n) => n.update.sessionUpdate === "agent_message_chunk").length;
     await waitUntil(() => count() >= expectedChunks, 1000);
     await tick();
@@ -333,31 +375,43 @@ async function scenario(url, transport, ms, wire, summary) {
       ms,
     );
     summary.protocolVersion = init.protocolVersion;
-    require(init.protocolVersion === 1, `initialize: protocolVersion ${init.protocolVersion}`);
+    check(init.protocolVersion === 1, `initialize: protocolVersion ${init.protocolVersion}`);
 
     const cwd = mkdtempSync(join(tmpdir(), "acp-interop-"));
     let sessionId;
     try {
-      const session = await step("session/new", agent.request(methods.agent.session.new, { cwd, mcpServers: [] }), ms);
+      const session = await step(
+        "session/new",
+        agent.request(methods.agent.session.new, { cwd, mcpServers: [] }),
+        ms,
+      );
       sessionId = session.sessionId;
     } finally {
       rmSync(cwd, { recursive: true, force: true });
     }
-    require(typeof sessionId === "string" && sessionId.length > 0, "session/new: empty sessionId");
+    check(typeof sessionId === "string" && sessionId.length > 0, "session/new: empty sessionId");
     summary.session = true;
 
     // stream 50 64
     takeUpdates();
     const started = Date.now();
-    let response = await prompt("prompt stream", sessionId, `stream ${STREAM_COUNT} ${STREAM_SIZE}`, STREAM_COUNT);
+    let response = await prompt(
+      "prompt stream",
+      sessionId,
+      `stream ${STREAM_COUNT} ${STREAM_SIZE}`,
+      STREAM_COUNT,
+    );
     summary.streamMs = Date.now() - started;
     let texts = chunkTexts(takeUpdates(), sessionId);
     summary.chunks = texts.length;
     summary.streamStopReason = response.stopReason;
-    require(response.stopReason === "end_turn", `stream: stopReason ${response.stopReason}`);
-    require(texts.length === STREAM_COUNT, `stream: ${texts.length} chunks, expected ${STREAM_COUNT}`);
+    check(response.stopReason === "end_turn", `stream: stopReason ${response.stopReason}`);
+    check(texts.length === STREAM_COUNT, `stream: ${texts.length} chunks, expected ${STREAM_COUNT}`);
     const sizes = [...new Set(texts.map((text) => text.length))].sort((a, b) => a - b);
-    require(sizes.length === 1 && sizes[0] === STREAM_SIZE, `stream: chunk sizes ${JSON.stringify(sizes)}, expected ${STREAM_SIZE}`);
+    check(
+      sizes.length === 1 && sizes[0] === STREAM_SIZE,
+      `stream: chunk sizes ${JSON.stringify(sizes)}, expected ${STREAM_SIZE}`,
+    );
     summary.order = checkStreamOrder(texts);
 
     // permission, answered with `allow`
@@ -365,26 +419,35 @@ async function scenario(url, transport, ms, wire, summary) {
     texts = chunkTexts(takeUpdates(), sessionId);
     summary.permission = texts.length ? texts[texts.length - 1] : null;
     summary.permissionStopReason = response.stopReason;
-    require(permissionRequests.length === 1, `permission: ${permissionRequests.length} permission requests, expected 1`);
-    require(permissionRequests[0].sessionId === sessionId, "permission: request names another session");
-    require(
+    check(
+      permissionRequests.length === 1,
+      `permission: ${permissionRequests.length} permission requests, expected 1`,
+    );
+    check(permissionRequests[0].sessionId === sessionId, "permission: request names another session");
+    check(
       JSON.stringify(permissionRequests[0].options) === JSON.stringify(PERMISSION_OPTIONS),
       `permission: options ${JSON.stringify(permissionRequests[0].options)}`,
     );
-    require(texts.length === 1 && texts[0] === `permission: ${PERMISSION_CHOICE}`, `permission: chunks ${JSON.stringify(texts)}`);
-    require(response.stopReason === "end_turn", `permission: stopReason ${response.stopReason}`);
+    check(
+      texts.length === 1 && texts[0] === `permission: ${PERMISSION_CHOICE}`,
+      `permission: chunks ${JSON.stringify(texts)}`,
+    );
+    check(response.stopReason === "end_turn", `permission: stopReason ${response.stopReason}`);
 
     // wait_for_cancel, then session/cancel once the prompt is in flight
     const promptCount = () => wire.sentMethods().filter((m) => m === methods.agent.session.prompt).length;
-    const pending = agent.request(methods.agent.session.prompt, { sessionId, prompt: [{ type: "text", text: "wait_for_cancel" }] });
+    const pending = agent.request(methods.agent.session.prompt, {
+      sessionId,
+      prompt: [{ type: "text", text: "wait_for_cancel" }],
+    });
     pending.catch(() => {});
     const inFlight = await waitUntil(() => promptCount() >= 3, ms);
-    require(inFlight, "send wait_for_cancel: the prompt was not accepted by the server in time");
+    check(inFlight, "send wait_for_cancel: the prompt was not accepted by the server in time");
     await new Promise((resolve) => setTimeout(resolve, 100));
     await step("session/cancel", agent.notify(methods.agent.session.cancel, { sessionId }), ms);
     response = await step("prompt wait_for_cancel", pending, ms);
     summary.cancel = response.stopReason;
-    require(response.stopReason === "cancelled", `cancel: stopReason ${response.stopReason}`);
+    check(response.stopReason === "cancelled", `cancel: stopReason ${response.stopReason}`);
 
     // close: the HTTP transport DELETEs the connection, the WebSocket one closes the socket
     connection.close();
@@ -394,14 +457,17 @@ async function scenario(url, transport, ms, wire, summary) {
   } finally {
     if (!closed) {
       connection.close();
-      await Promise.race([closeTransport(transport, wire), new Promise((r) => setTimeout(r, CLOSE_MS))]).catch(() => {});
+      await Promise.race([
+        closeTransport(transport, wire),
+        new Promise((r) => setTimeout(r, CLOSE_MS)),
+      ]).catch(() => {});
     }
     summary.sent = wire.sentMethods();
     summary.responsesSent = wire.responsesSent();
   }
   if (transport === "http") {
     const status = wire.httpSummary().delete;
-    require(status !== null && status >= 200 && status < 300, `close: DELETE answered ${status}, expected 2xx`);
+    check(status !== null && status >= 200 && status < 300, `close: DELETE answered ${status}, expected 2xx`);
   }
 }
 
@@ -414,7 +480,7 @@ async function closeTransport(transport, wire) {
   if (transport === "http") {
     if (!wire.connectionId) return; // nothing to DELETE
     const found = await waitUntil(() => wire.exchanges.some((e) => e.method === "DELETE"), CLOSE_MS);
-    require(found, "close: no DELETE was sent");
+    check(found, "close: no DELETE was sent");
     await Promise.all(wire.exchanges.filter((e) => e.method === "DELETE").map((e) => e.done));
     return;
   }
@@ -434,7 +500,13 @@ async function main() {
   }
   const [url, transport] = positional;
   /** @type {Record<string, unknown>} */
-  const summary = { ok: false, client: "typescript-sdk", sdk: sdkVersion(), transport: transport ?? null, url: url ?? null };
+  const summary = {
+    ok: false,
+    client: "typescript-sdk",
+    sdk: sdkVersion(),
+    transport: transport ?? null,
+    url: url ?? null,
+  };
   if (!url || (transport !== "http" && transport !== "ws") || !(timeoutSeconds > 0)) {
     summary.error = "usage: node ts_client.mjs URL http|ws [--timeout SECONDS] [--trace]";
     process.stdout.write(`${JSON.stringify(summary)}\n`);
@@ -446,7 +518,7 @@ async function main() {
     await scenario(url, transport, timeoutSeconds * 1000, wire, summary);
     summary.ok = true;
   } catch (error) {
-    summary.error = error instanceof CheckFailed ? error.message : `${error?.constructor?.name ?? "Error"}: ${error?.message ?? error}`;
+    summary.error = describeError(error);
   }
   if (transport === "http") summary.http = wire.httpSummary();
   else summary.ws = { closeCode: wire.wsCloseCode ?? null };
@@ -459,7 +531,7 @@ async function main() {
 main().then(
   (code) => process.exit(code),
   (error) => {
-    process.stderr.write(`ts_client: crashed: ${error?.stack ?? error}\n`);
+    process.stderr.write(`ts_client: crashed: ${error instanceof Error ? error.stack : error}\n`);
     process.exit(1);
   },
 );
