@@ -60,8 +60,8 @@ def _check_number(name: str, kind: type, check_id: str, *, optional: bool = Fals
     value: Any = getattr(acp_settings, name)
     if value is None and optional:
         return []
-    valid_types: tuple[type, ...] = (int, float) if kind is float else (int,)
-    if isinstance(value, bool) or not isinstance(value, valid_types) or value <= 0:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (kind is int and not isinstance(value, int)) or value <= 0:
         allowed = "a positive number" if kind is float else "a positive integer"
         return [
             Error(

@@ -15,6 +15,8 @@ from acp_channels.cors import origin_allowed
 from acp_channels.host import ConnectionHost, registry
 from acp_channels.protocol import InboundPlan
 
+TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at its connection limit
+
 
 class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     host: ConnectionHost | None = None
@@ -25,6 +27,11 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         origin = headers.get(b"origin")
         if not origin_allowed(origin.decode("latin-1") if origin is not None else None):
             await self.close()  # before accept: the server answers 403
+            return
+        max_connections: int | None = acp_settings.MAX_CONNECTIONS
+        if max_connections is not None and len(registry) >= max_connections:
+            await self.accept()
+            await self.close(code=TRY_AGAIN_LATER)
             return
         self.host = registry.create(
             create_agent_channel(), "websocket", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES

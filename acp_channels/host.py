@@ -115,6 +115,20 @@ class Mailbox:
         return len(self._items)
 
 
+class StreamLease:
+    """A reader's hold on one stream: take deliveries, release when the reader goes away."""
+
+    def __init__(self, mailbox: Mailbox) -> None:
+        self._mailbox = mailbox
+        self._token = mailbox.acquire()
+
+    async def take(self, timeout: float | None) -> list[str] | None:
+        return await self._mailbox.take(timeout)
+
+    def release(self) -> None:
+        self._mailbox.release(self._token)
+
+
 @dataclass(frozen=True, slots=True)
 class InitializeReply:
     body: str
@@ -207,15 +221,14 @@ class ConnectionHost:
                 mailbox.close()
         return mailbox
 
-    def lease(self, key: StreamKey) -> tuple[Mailbox, object]:
+    def lease(self, key: StreamKey) -> StreamLease:
         """Take the single-reader lease on an SSE stream; StreamBusy when it is taken (409).
 
         A WebSocket connection has no SSE streams: always busy, as in the reference.
         """
         if self.transport == "websocket":
             raise StreamBusy
-        mailbox = self.stream(key)
-        return mailbox, mailbox.acquire()
+        return StreamLease(self.stream(key))
 
     @property
     def socket_outbox(self) -> Mailbox:

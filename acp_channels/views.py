@@ -17,7 +17,7 @@ from django.views.decorators.csrf import csrf_exempt
 from acp_channels import protocol
 from acp_channels.agents import AgentClosed, create_agent_channel
 from acp_channels.conf import acp_settings
-from acp_channels.host import AgentEnded, Mailbox, StreamBusy, registry
+from acp_channels.host import AgentEnded, StreamBusy, StreamLease, registry
 from acp_channels.protocol import CONNECTION_HEADER, SESSION_HEADER, Frame, SessionHeaderError
 
 logger = logging.getLogger(__name__)
@@ -162,19 +162,19 @@ def open_stream(request: HttpRequest) -> HttpResponseBase:
         return text_response(404)
     session_id = header(request, SESSION_HEADER)
     try:
-        mailbox, lease = host.lease(session_id)
+        lease = host.lease(session_id)
     except StreamBusy:
         return text_response(409, STREAM_TAKEN)
     if request.method == "HEAD":
-        mailbox.release(lease)
+        lease.release()
         response: HttpResponseBase = HttpResponse(content_type="text/event-stream")
     else:
         response = StreamingHttpResponse(
-            sse_body(mailbox, lease, float(acp_settings.KEEPALIVE_SECONDS)),
+            sse_body(lease, float(acp_settings.KEEPALIVE_SECONDS)),
             content_type="text/event-stream",
         )
         # If the body is never iterated (the client left at once), closing frees the stream.
-        response._resource_closers.append(lambda: mailbox.release(lease))  # type: ignore[attr-defined]
+        response._resource_closers.append(lease.release)  # type: ignore[attr-defined]
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: never buffer an event stream
     response[CONNECTION_HEADER] = connection_id
@@ -183,7 +183,7 @@ def open_stream(request: HttpRequest) -> HttpResponseBase:
     return response
 
 
-async def sse_body(mailbox: Mailbox, lease: object, keepalive: float) -> AsyncIterator[bytes]:
+async def sse_body(lease: StreamLease, keepalive: float) -> AsyncIterator[bytes]:
     """The events of one leased stream; ends once the connection is closed and drained.
 
     The opening comment makes daphne send the status line and headers at once: clients wait
@@ -191,13 +191,13 @@ async def sse_body(mailbox: Mailbox, lease: object, keepalive: float) -> AsyncIt
     """
     try:
         yield protocol.SSE_OPENING
-        while (items := await mailbox.take(keepalive)) is not None:
+        while (items := await lease.take(keepalive)) is not None:
             if items:
                 yield b"".join(map(protocol.sse_event, items))
             else:
                 yield protocol.SSE_KEEPALIVE
     finally:
-        mailbox.release(lease)
+        lease.release()
 
 
 # -- DELETE ----------------------------------------------------------------------------------

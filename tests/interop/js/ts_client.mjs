@@ -27,11 +27,8 @@ import { createHttpStream } from "@agentclientprotocol/sdk/experimental/http-cli
 import { createWebSocketStream } from "@agentclientprotocol/sdk/experimental/ws-client";
 import { WebSocket } from "ws";
 
-/** @typedef {import("@agentclientprotocol/sdk").AnyMessage} AnyMessage */
 /** @typedef {import("@agentclientprotocol/sdk").SessionNotification} SessionNotification */
-/** @typedef {import("@agentclientprotocol/sdk").RequestPermissionRequest} RequestPermissionRequest */
 /** @typedef {import("@agentclientprotocol/sdk").RequestPermissionResponse} RequestPermissionResponse */
-/** @typedef {import("@agentclientprotocol/sdk").PromptResponse} PromptResponse */
 
 const STREAM_COUNT = 50;
 const STREAM_SIZE = 64;
