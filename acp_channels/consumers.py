@@ -34,7 +34,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.close(code=TRY_AGAIN_LATER)
             return
         self.host = registry.create(
-            create_agent_channel(), "websocket", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES
+            create_agent_channel, "websocket", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES
         )
         self.host.start()
         # daphne drops accept headers; uvicorn and hypercorn send the id on the 101.

@@ -299,10 +299,17 @@ class Registry:
     def get(self, connection_id: str) -> ConnectionHost | None:
         return self._hosts.get(connection_id)
 
-    def create(self, agent: AgentChannel, transport: TransportKind, *, max_buffered_bytes: int) -> ConnectionHost:
+    def create(
+        self, agent_factory: Callable[[str], AgentChannel], transport: TransportKind, *, max_buffered_bytes: int
+    ) -> ConnectionHost:
+        """A new connection with a new agent (the factory gets the connection id, for logging)."""
         connection_id = str(uuid.uuid4())
         host = ConnectionHost(
-            connection_id, agent, transport, max_buffered_bytes=max_buffered_bytes, on_end=self._forget
+            connection_id,
+            agent_factory(connection_id),
+            transport,
+            max_buffered_bytes=max_buffered_bytes,
+            on_end=self._forget,
         )
         self._hosts[connection_id] = host
         return host

@@ -61,9 +61,10 @@ CONNECTION_STREAM: Final[StreamKey] = None
 
 @dataclass(frozen=True, slots=True)
 class Single:
-    """One valid JSON-RPC message."""
+    """One valid JSON-RPC message; `raw` is the text it came as, relayed unchanged when known."""
 
     message: Message
+    raw: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ class Batch:
     """A non-empty JSON array; each entry is a valid message or a malformed entry."""
 
     entries: list[BatchEntry]
+    raw: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +150,9 @@ def frame_from_value(value: Any, raw: str | None = None) -> Frame:
     if isinstance(value, list):
         if not value:
             return Malformed(raw if raw is not None else "[]", invalid_request())
-        return Batch([entry if message_kind(entry) else MalformedEntry(entry) for entry in value])
+        return Batch([entry if message_kind(entry) else MalformedEntry(entry) for entry in value], raw)
     if message_kind(value):
-        return Single(value)
+        return Single(value, raw)
     return Malformed(raw if raw is not None else dumps(value), invalid_request())
 
 
@@ -164,8 +166,9 @@ def frame_value(frame: Frame) -> Any:
 
 
 def serialize_frame(frame: Frame) -> str:
-    """Compact JSON of a frame; a malformed frame is relayed as its raw text (§6.4)."""
-    if isinstance(frame, Malformed):
+    """The text of a frame: as it came when unchanged (byte-faithful relay, no re-encoding),
+    else compact JSON. A malformed frame is relayed as its raw text (§6.4)."""
+    if frame.raw is not None:
         return frame.raw
     return dumps(frame_value(frame))
 
@@ -317,12 +320,15 @@ def plan_inbound(frame: Frame, header: str | None, *, skip_index: int | None = N
         return forwarded
 
     if isinstance(frame, Single):
-        return InboundPlan(Single(process(frame.message)), routes, sessions, header)
+        forwarded = process(frame.message)
+        single = frame if forwarded is frame.message else Single(forwarded)
+        return InboundPlan(single, routes, sessions, header)
     entries: list[BatchEntry] = [
         entry if isinstance(entry, MalformedEntry) or index == skip_index else process(entry)
         for index, entry in enumerate(frame.entries)
     ]
-    return InboundPlan(Batch(entries), routes, sessions, header)
+    unchanged = all(new is old for new, old in zip(entries, frame.entries, strict=True))
+    return InboundPlan(frame if unchanged else Batch(entries), routes, sessions, header)
 
 
 def id_key(request_id: Any) -> str:

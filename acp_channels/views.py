@@ -117,7 +117,7 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> Htt
     max_connections: int | None = acp_settings.MAX_CONNECTIONS
     if max_connections is not None and len(registry) >= max_connections:
         return text_response(503, TOO_MANY_CONNECTIONS)
-    host = registry.create(create_agent_channel(), "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES)
+    host = registry.create(create_agent_channel, "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES)
     timeout: float | None = acp_settings.INITIALIZE_TIMEOUT
     try:
         reply = await asyncio.wait_for(host.initialize(frame, init_id), timeout)

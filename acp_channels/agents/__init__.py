@@ -32,7 +32,7 @@ class AgentClosed(ConnectionError):
     """The agent no longer accepts input."""
 
 
-def create_agent_channel() -> AgentChannel:
+def create_agent_channel(connection_id: str) -> AgentChannel:
     """A new agent for one connection, from the `AGENT` setting.
 
     The factory returns an agent written with the `acp` SDK, or an object that already speaks
