@@ -245,12 +245,8 @@ async def scenario(url: str, seconds: float, summary: dict[str, Any], http_clien
     closed = False
     try:
         # initialize
-        capabilities = ClientCapabilities(
-            fs=FileSystemCapabilities(read_text_file=False, write_text_file=False)
-        )
-        init = await step(
-            "initialize", conn.initialize(protocol_version=1, client_capabilities=capabilities), seconds
-        )
+        capabilities = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=False, write_text_file=False))
+        init = await step("initialize", conn.initialize(protocol_version=1, client_capabilities=capabilities), seconds)
         summary["protocolVersion"] = init.protocol_version
         require(init.protocol_version == 1, f"initialize: protocolVersion {init.protocol_version}")
 
@@ -318,9 +314,7 @@ async def scenario(url: str, seconds: float, summary: dict[str, Any], http_clien
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("url", help="ACP endpoint: http(s)://HOST:PORT/acp or ws(s)://HOST:PORT/acp")
     parser.add_argument("--timeout", type=float, default=20.0, help="per-step timeout, seconds (20)")
     args = parser.parse_args()
