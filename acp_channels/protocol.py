@@ -9,6 +9,7 @@ encoding. Section numbers refer to ../shared/spec/rust-reference.md.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
@@ -421,8 +422,26 @@ SSE_OPENING: Final = b": \n\n"
 SSE_KEEPALIVE: Final = b": \n\n"
 
 
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    units = match.group().encode("utf-16-be")
+    return "".join(f"\\u{units[i]:02x}{units[i + 1]:02x}" for i in range(0, len(units), 2))
+
+
+def ascii_json(text: str) -> str:
+    """The same JSON with non-ASCII characters as \\u escapes.
+
+    The Python SDK client decodes each network chunk as UTF-8 on its own, so a character split
+    across two reads would kill its stream; pure ASCII events cannot be split that way.
+    """
+    return text if text.isascii() else _NON_ASCII.sub(_json_escape, text)
+
+
 def sse_event(payload: str) -> bytes:
     """One SSE event; text with line breaks (relayed malformed output) becomes several data lines."""
+    payload = ascii_json(payload)
     if "\n" not in payload and "\r" not in payload:
         return b"data: " + payload.encode() + b"\n\n"
     lines = payload.replace("\r\n", "\n").replace("\r", "\n").split("\n")
