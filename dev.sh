@@ -26,7 +26,7 @@ case "${1:-}" in
     # backlog: daphne's default of 50 drops connections under bursts of clients;
     # message size: our 16 MiB body limit also applies to WebSocket messages.
     exec "$VENV/bin/daphne" -e "tcp:port=${PORT:-8000}:interface=${HOST:-127.0.0.1}:backlog=2048" \
-      --websocket-max-message-size 16781312 "$@" demo_project.asgi:application
+      --websocket-max-message-size 16781312 --websocket-max-frame-size 16781312 "$@" demo_project.asgi:application
     ;;
   test)
     ensure_venv test ".[test]"

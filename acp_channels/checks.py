@@ -47,7 +47,7 @@ def _check_agent(path: Any) -> list[CheckMessage]:
         return [Error("ACP_CHANNELS['AGENT'] is not set.", hint=hint, id="acp_channels.E001")]
     try:
         factory = import_string(path)
-    except ImportError as error:
+    except Exception as error:  # ImportError, or the module itself failing to import
         return [
             Error(f"ACP_CHANNELS['AGENT'] = {path!r} cannot be imported: {error}", hint=hint, id="acp_channels.E001")
         ]
@@ -77,8 +77,7 @@ def _check_cors() -> list[CheckMessage]:
         return [Error("ACP_CHANNELS['CORS_ALLOWED_ORIGINS'] must be a list of origin strings.", id="acp_channels.E007")]
     errors: list[CheckMessage] = []
     for origin in origins:
-        parts = urlsplit(origin)
-        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or origin.endswith("/"):
+        if not _is_origin(origin):
             errors.append(
                 Error(f"{origin!r} is not an origin (scheme://host[:port], no path).", id="acp_channels.E007")
             )
@@ -117,6 +116,25 @@ def _check_cors() -> list[CheckMessage]:
             )
         )
     return errors
+
+
+def _is_origin(value: str) -> bool:
+    """Exactly what a browser sends as Origin: lowercase scheme://host[:port], nothing else."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return False
+    default_port = {"http": 80, "https": 443}.get(parts.scheme)
+    return (
+        default_port is not None
+        and bool(parts.hostname)
+        and value == f"{parts.scheme}://{parts.netloc}"
+        and value == value.lower()
+        and "@" not in parts.netloc
+        and port != default_port
+        and not any(char.isspace() for char in value)
+    )
 
 
 def _check_middleware() -> list[CheckMessage]:

@@ -37,7 +37,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             create_agent_channel, "websocket", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES
         )
         self.host.start()
-        # daphne drops accept headers; uvicorn and hypercorn send the id on the 101.
+        # The id on the 101 (under daphne through acp_channels.daphne_compat).
         await self.accept(headers=[(protocol.CONNECTION_HEADER.encode(), self.host.connection_id.encode())])
         self.writer = asyncio.create_task(self.write_outbound(self.host))
 

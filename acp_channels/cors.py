@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.urls import Resolver404, resolve
+from django.utils.cache import patch_vary_headers
 
 from acp_channels.conf import acp_settings
 
@@ -25,6 +27,22 @@ ENDPOINT_URL_NAME: Final = "acp"
 def origin_allowed(origin: str | None) -> bool:
     """The WebSocket rule: no Origin (not a browser) is fine; a browser origin must be listed."""
     return origin is None or origin in acp_settings.CORS_ALLOWED_ORIGINS
+
+
+def cors_enabled() -> bool:
+    return bool(acp_settings.CORS_ALLOWED_ORIGINS)
+
+
+def preflight_response() -> HttpResponse:
+    """With CORS on, every OPTIONS is a preflight: 200, empty. django-cors-headers answers those
+    from listed origins before the view; this answers the rest (no ACAO for them)."""
+    return HttpResponse(headers={"content-length": "0"})
+
+
+def vary_on_origin(response: HttpResponseBase) -> None:
+    """With CORS on, every answer depends on the Origin (caches must not mix them up)."""
+    if cors_enabled():
+        patch_vary_headers(response, ("origin",))
 
 
 def enable_cors_for_acp(sender: Any, request: HttpRequest, **kwargs: Any) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Literal
 from acp_channels import protocol
 from acp_channels.agents import AgentChannel, AgentClosed
 from acp_channels.protocol import Frame, InboundPlan, StreamKey
+from acp_channels.worker import bus, new_connection_id
 
 logger = logging.getLogger(__name__)
 
@@ -83,19 +83,30 @@ class Mailbox:
     def leased(self) -> bool:
         return self._holder is not None
 
-    def acquire(self) -> object:
-        """Take the reader lease; the token returned releases it (and only it)."""
+    @property
+    def holder(self) -> object | None:
+        return self._holder
+
+    def acquire(self, holder: object | None = None) -> object:
+        """Take the reader lease; the token returned (`holder`, or a new object) releases it."""
         if self._holder is not None:
             raise StreamBusy
-        self._holder = token = object()
+        self._holder = token = holder if holder is not None else object()
         return token
+
+    def requeue(self, items: list[str]) -> None:
+        """Put items a reader took but never confirmed back at the front, in order."""
+        self._items.extendleft(reversed(items))
+        self._budget.add(sum(map(len, items)))
+        if items:
+            self._wakeup.set()
 
     def release(self, token: object) -> None:
         if self._holder is token:
             self._holder = None
 
-    async def take(self, timeout: float | None) -> list[str] | None:
-        """Everything queued, waiting up to `timeout` for something.
+    async def take(self, timeout: float | None, max_bytes: int | None = None) -> list[str] | None:
+        """What is queued (at least one item, up to about `max_bytes`), waiting up to `timeout`.
 
         Returns [] on timeout (time for a keep-alive) and None once the mailbox is closed and
         drained (the stream ends).
@@ -104,12 +115,18 @@ class Mailbox:
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
-        if self._items:
+        if not self._items:
+            return None if self.closed else []
+        if max_bytes is None:
             items = list(self._items)
             self._items.clear()
-            self._budget.release(sum(map(len, items)))
-            return items
-        return None if self.closed else []
+        else:
+            items, size = [], 0
+            while self._items and (not items or size + len(self._items[0]) <= max_bytes):
+                size += len(self._items[0])
+                items.append(self._items.popleft())
+        self._budget.release(sum(map(len, items)))
+        return items
 
     def __len__(self) -> int:
         return len(self._items)
@@ -172,8 +189,9 @@ class ConnectionHost:
         self._match_responses(plan)
         for session_id in plan.sessions:
             self.stream(session_id)
-        for key, route in plan.routes:
-            self._routes.setdefault(key, deque()).append(route)
+        if self.transport == "http":  # a WebSocket has one stream: nothing to route
+            for key, route in plan.routes:
+                self._routes.setdefault(key, deque()).append(route)
         await self.agent.send(plan.frame)
 
     def _match_responses(self, plan: InboundPlan) -> None:
@@ -229,6 +247,12 @@ class ConnectionHost:
         if self.transport == "websocket":
             raise StreamBusy
         return StreamLease(self.stream(key))
+
+    def stream_for_reader(self, key: StreamKey) -> Mailbox:
+        """The mailbox a reader on another worker leases (WebSocket connections have none)."""
+        if self.transport == "websocket":
+            raise StreamBusy
+        return self.stream(key)
 
     @property
     def socket_outbox(self) -> Mailbox:
@@ -303,7 +327,8 @@ class Registry:
         self, agent_factory: Callable[[str], AgentChannel], transport: TransportKind, *, max_buffered_bytes: int
     ) -> ConnectionHost:
         """A new connection with a new agent (the factory gets the connection id, for logging)."""
-        connection_id = str(uuid.uuid4())
+        connection_id = new_connection_id()
+        bus.ensure_listening()  # other workers must be able to reach this host
         host = ConnectionHost(
             connection_id,
             agent_factory(connection_id),

@@ -137,10 +137,31 @@ def is_response_shaped(value: Any) -> bool:
     return isinstance(value, dict) and "method" not in value and ("result" in value or "error" in value)
 
 
+def _not_json(literal: str) -> Any:
+    raise ValueError(f"{literal} is not JSON")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError("number out of range")
+    return value
+
+
+_decoder = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite_float)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def parse_frame(text: str) -> Frame:
-    """Turn a POST body or a WebSocket text message into a frame; never raises."""
+    """Turn a POST body or a WebSocket text message into a frame; never raises.
+
+    Strict JSON, as the reference's parser: NaN/Infinity, numbers out of range and lone
+    surrogate escapes are parse errors (Python's json would accept them).
+    """
     try:
-        value = json.loads(text)
+        value = _decoder.decode(text)
+        if _SURROGATE_ESCAPE.search(text):
+            json.dumps(value, ensure_ascii=False).encode("utf-8")  # raises on a lone surrogate
     except (ValueError, RecursionError):
         return Malformed(text, parse_error(text))
     return frame_from_value(value, text)
@@ -226,9 +247,9 @@ def is_connection_scoped(message: Message) -> bool:
 
 
 def _wraps_cancel_request(message: Message) -> bool:
+    # The envelope's params are the wrapped message itself: {"method": ..., "params": ...}.
     while message.get("method") == SUCCESSOR_METHOD:
-        params = message.get("params")
-        inner = params.get("message") if isinstance(params, dict) else None
+        inner = message.get("params")
         if not isinstance(inner, dict):
             return False
         message = inner

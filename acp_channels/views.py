@@ -14,11 +14,13 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, Strea
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from acp_channels import protocol
+from acp_channels import cors, protocol
 from acp_channels.agents import AgentClosed, create_agent_channel
 from acp_channels.conf import acp_settings
-from acp_channels.host import AgentEnded, StreamBusy, StreamLease, registry
+from acp_channels.gateway import StreamReader, locate
+from acp_channels.host import AgentEnded, StreamBusy, registry
 from acp_channels.protocol import CONNECTION_HEADER, SESSION_HEADER, Frame, SessionHeaderError
+from acp_channels.worker import HostUnreachable, LayerUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -30,16 +32,25 @@ CONNECTION_REQUIRED = "Acp-Connection-Id header required"
 MUST_ACCEPT_SSE = "client must accept text/event-stream"
 STREAM_TAKEN = "outbound stream already has a subscriber"
 TOO_MANY_CONNECTIONS = "too many ACP connections on this server"
+LAYER_UNAVAILABLE = "the channel layer is unavailable; try again"
 
 
 @csrf_exempt
 async def acp_endpoint(request: HttpRequest) -> HttpResponseBase:
+    response = await dispatch(request)
+    cors.vary_on_origin(response)
+    return response
+
+
+async def dispatch(request: HttpRequest) -> HttpResponseBase:
     if request.method == "POST":
         return await post(request)
     if request.method in ("GET", "HEAD"):
-        return open_stream(request)
+        return await open_stream(request)
     if request.method == "DELETE":
         return await delete(request)
+    if request.method == "OPTIONS" and cors.cors_enabled():
+        return cors.preflight_response()
     return HttpResponseNotAllowed(ALLOWED_METHODS)
 
 
@@ -91,14 +102,18 @@ async def post(request: HttpRequest) -> HttpResponseBase:
     connection_id = header(request, CONNECTION_HEADER)
     if connection_id is None:
         return text_response(400, CONNECTION_REQUIRED)
-    host = registry.get(connection_id)
-    if host is None:
+    handle = locate(connection_id)
+    if handle is None:
         return text_response(404)
     try:
         plan = protocol.plan_inbound(frame, header(request, SESSION_HEADER))
-        await host.submit(plan)
+        await handle.submit(plan)
     except SessionHeaderError as error:
         return text_response(400, str(error))
+    except HostUnreachable:
+        return text_response(404)
+    except LayerUnavailable as error:
+        return layer_unavailable(error)
     except AgentClosed:
         return text_response(500)
     return text_response(202)
@@ -150,21 +165,25 @@ def _message_index(frame: Frame, entry_index: int) -> int:
 # -- GET (SSE) -------------------------------------------------------------------------------
 
 
-def open_stream(request: HttpRequest) -> HttpResponseBase:
+async def open_stream(request: HttpRequest) -> HttpResponseBase:
     accept = header(request, "accept")
     if accept is None or "text/event-stream" not in accept:
         return text_response(406, MUST_ACCEPT_SSE)
     connection_id = header(request, CONNECTION_HEADER)
     if connection_id is None:
         return text_response(400, CONNECTION_REQUIRED)
-    host = registry.get(connection_id)
-    if host is None:
+    handle = locate(connection_id)
+    if handle is None:
         return text_response(404)
     session_id = header(request, SESSION_HEADER)
     try:
-        lease = host.lease(session_id)
+        lease = await handle.lease(session_id)
     except StreamBusy:
         return text_response(409, STREAM_TAKEN)
+    except HostUnreachable:
+        return text_response(404)
+    except LayerUnavailable as error:
+        return layer_unavailable(error)
     if request.method == "HEAD":
         lease.release()
         response: HttpResponseBase = HttpResponse(content_type="text/event-stream")
@@ -183,7 +202,7 @@ def open_stream(request: HttpRequest) -> HttpResponseBase:
     return response
 
 
-async def sse_body(lease: StreamLease, keepalive: float) -> AsyncIterator[bytes]:
+async def sse_body(lease: StreamReader, keepalive: float) -> AsyncIterator[bytes]:
     """The events of one leased stream; ends once the connection is closed and drained.
 
     The opening comment makes daphne send the status line and headers at once: clients wait
@@ -207,8 +226,18 @@ async def delete(request: HttpRequest) -> HttpResponseBase:
     connection_id = header(request, CONNECTION_HEADER)
     if connection_id is None:
         return text_response(400, CONNECTION_REQUIRED)
-    host = registry.get(connection_id)
-    if host is None:
+    handle = locate(connection_id)
+    if handle is None:
         return text_response(404)
-    await host.terminate()
+    try:
+        await handle.terminate()
+    except HostUnreachable:
+        return text_response(404)
+    except LayerUnavailable as error:
+        return layer_unavailable(error)
     return text_response(202)
+
+
+def layer_unavailable(error: LayerUnavailable) -> HttpResponse:
+    logger.warning("channel layer unavailable: %s", error)
+    return text_response(503, LAYER_UNAVAILABLE)

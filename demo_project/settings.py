@@ -51,7 +51,7 @@ ACP_CHANNELS = {
 # django-cors-headers: only the ACP endpoint is ever enabled (by acp_channels, for listed origins).
 CORS_URLS_REGEX = r"^$"
 CORS_EXPOSE_HEADERS = [*ACP_EXPOSE_HEADERS]
-CORS_ALLOW_HEADERS = (*default_headers, *ACP_ALLOW_HEADERS)
+CORS_ALLOW_HEADERS = tuple(dict.fromkeys((*default_headers, *ACP_ALLOW_HEADERS)))
 CORS_ALLOW_METHODS = ("DELETE", "GET", "OPTIONS", "POST")
 
 LOGGING = {

@@ -57,6 +57,8 @@ class DaphneServer:
                 "-1",
                 "--websocket-max-message-size",
                 str(MAX_MESSAGE),
+                "--websocket-max-frame-size",
+                str(MAX_MESSAGE),
                 "demo_project.asgi:application",
             ],
             cwd=ROOT,

@@ -4,10 +4,8 @@ One JSON-RPC frame per text message each way; batches stay whole; malformed text
 answered; binary is ignored; agent exit drains then closes; the Origin gate; and the quirk that a
 WebSocket connection id also works with POST, GET (409) and DELETE.
 
-daphne drops the headers of `websocket.accept`, so the 101 carries no `acp-connection-id`. To learn
-the id without touching the package, the id tests run a second daphne whose agent (defined below,
-imported by the server process through ACP_AGENT) answers `test/whoami` by finding its own host
-in the server's registry.
+The connection id comes from the 101's `acp-connection-id` header (acp_channels.daphne_compat
+makes daphne send the headers of `websocket.accept`).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -26,41 +24,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Origin
 
-from acp_channels.protocol import Message
 from tests.live import JSON, SSE, DaphneServer, notification, rpc
-from tests.wire_agent import WireAgent
 
 TIMEOUT = 10.0
-
-
-# -- an agent that knows its connection id (runs inside the daphne process) ---------------------
-
-
-class IdentifyingAgent(WireAgent):
-    """The wire agent, plus `test/whoami` -> {"connectionId": <the id of this agent's host>}."""
-
-    def _handle(self, message: Message) -> None:
-        if message.get("method") == "test/whoami" and "id" in message:
-            from acp_channels.host import registry
-
-            # No public way to list hosts; this is test code reading the server's own state.
-            hosts = [host for host in registry._hosts.values() if host.agent is self]
-            self._reply(message, {"connectionId": hosts[0].connection_id if hosts else None})
-            return
-        super()._handle(message)
-
-
-def create_identifying_agent() -> IdentifyingAgent:
-    return IdentifyingAgent()
-
-
-@pytest.fixture(scope="module")
-def id_server() -> Iterator[DaphneServer]:
-    server = DaphneServer(env={"ACP_AGENT": "tests.test_wire_websocket.create_identifying_agent"}).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -69,8 +35,13 @@ def id_server() -> Iterator[DaphneServer]:
 @contextlib.asynccontextmanager
 async def open_ws(url: str, origin: str | None = None) -> AsyncIterator[ClientConnection]:
     async with connect(
-        url, origin=Origin(origin) if origin is not None else None, proxy=None, compression=None,
-        open_timeout=TIMEOUT, close_timeout=TIMEOUT, max_size=None,
+        url,
+        origin=Origin(origin) if origin is not None else None,
+        proxy=None,
+        compression=None,
+        open_timeout=TIMEOUT,
+        close_timeout=TIMEOUT,
+        max_size=None,
     ) as ws:
         yield ws
 
@@ -125,7 +96,9 @@ async def test_one_frame_per_text_message_and_one_reply_message(wire_server: Dap
         await send(ws, rpc("two", "custom/second"))
         assert await receive(ws) == echo("two", "custom/second")
         assert await received_frames(ws) == [
-            rpc(1, "custom/first", {"a": 1}), notification("custom/note", {"b": 2}), rpc("two", "custom/second"),
+            rpc(1, "custom/first", {"a": 1}),
+            notification("custom/note", {"b": 2}),
+            rpc("two", "custom/second"),
         ]
 
 
@@ -217,10 +190,23 @@ async def test_no_origin_is_accepted(wire_server: DaphneServer) -> None:
         assert await receive(ws) == echo(1, "no/origin")
 
 
-@pytest.mark.xfail(strict=True, reason="daphne ignores websocket.accept headers: no acp-connection-id on the 101")
-async def test_upgrade_response_carries_connection_id(wire_server: DaphneServer) -> None:
+async def test_upgrade_response_carries_a_fresh_connection_id(wire_server: DaphneServer) -> None:
+    async with open_ws(wire_server.ws_url) as first, open_ws(wire_server.ws_url) as second:
+        ids = [ws.response.headers.get_all("acp-connection-id") for ws in (first, second)]
+    assert all(len(values) == 1 for values in ids), ids
+    assert ids[0] != ids[1]
+    for (value,) in ids:
+        uuid_part, _, worker = value.rpartition(".")
+        uuid.UUID(uuid_part)
+        assert len(worker) == 12
+
+
+async def test_message_larger_than_daphne_default_limit_round_trips(wire_server: DaphneServer) -> None:
+    """daphne caps messages and frames at 1 MiB unless told otherwise; the 16 MiB body limit applies."""
+    blob = "x" * (2 * 1024 * 1024)
     async with open_ws(wire_server.ws_url) as ws:
-        assert ws.response.headers.get("acp-connection-id")
+        await send(ws, rpc(1, "big/message", {"blob": blob}))
+        assert await receive(ws) == echo(1, "big/message", {"blob": blob})
 
 
 # -- the WebSocket connection id over HTTP (§8 quirk; item 43) -------------------------------
@@ -229,36 +215,31 @@ async def test_upgrade_response_carries_connection_id(wire_server: DaphneServer)
 @contextlib.asynccontextmanager
 async def identified_ws(server: DaphneServer) -> AsyncIterator[tuple[ClientConnection, str]]:
     async with open_ws(server.ws_url) as ws:
-        await send(ws, rpc("whoami", "test/whoami"))
-        reply = await receive(ws)
-        connection_id = reply["result"]["connectionId"]
-        assert connection_id is not None
-        uuid.UUID(connection_id)
-        yield ws, connection_id
+        yield ws, ws.response.headers["acp-connection-id"]
 
 
 async def test_post_with_websocket_connection_id_replies_on_the_socket(
-    id_server: DaphneServer, http: httpx.AsyncClient
+    wire_server: DaphneServer, http: httpx.AsyncClient
 ) -> None:
-    async with identified_ws(id_server) as (ws, connection_id):
+    async with identified_ws(wire_server) as (ws, connection_id):
         headers = {**JSON, "Acp-Connection-Id": connection_id}
-        response = await http.post(id_server.url, headers=headers, json=rpc(2, "via/post", {"p": 1}))
+        response = await http.post(wire_server.url, headers=headers, json=rpc(2, "via/post", {"p": 1}))
         assert response.status_code == 202
         assert await receive(ws) == echo(2, "via/post", {"p": 1})
         # The socket keeps working after it.
         await send(ws, rpc(3, "via/socket"))
         assert await receive(ws) == echo(3, "via/socket")
         frames = await received_frames(ws)
-        assert frames == [rpc("whoami", "test/whoami"), rpc(2, "via/post", {"p": 1}), rpc(3, "via/socket")]
+        assert frames == [rpc(2, "via/post", {"p": 1}), rpc(3, "via/socket")]
 
 
-async def test_sse_get_with_websocket_connection_id_is_409(id_server: DaphneServer, http: httpx.AsyncClient) -> None:
-    async with identified_ws(id_server) as (ws, connection_id):
+async def test_sse_get_with_websocket_connection_id_is_409(wire_server: DaphneServer, http: httpx.AsyncClient) -> None:
+    async with identified_ws(wire_server) as (ws, connection_id):
         for session in (None, "s-1"):
             headers = {**SSE, "Acp-Connection-Id": connection_id}
             if session is not None:
                 headers["Acp-Session-Id"] = session
-            response = await http.get(id_server.url, headers=headers)
+            response = await http.get(wire_server.url, headers=headers)
             assert response.status_code == 409, response.text
         # The socket is unaffected.
         await send(ws, rpc(4, "still/open"))
@@ -266,31 +247,31 @@ async def test_sse_get_with_websocket_connection_id_is_409(id_server: DaphneServ
 
 
 async def test_delete_with_websocket_connection_id_closes_the_socket(
-    id_server: DaphneServer, http: httpx.AsyncClient
+    wire_server: DaphneServer, http: httpx.AsyncClient
 ) -> None:
-    async with identified_ws(id_server) as (ws, connection_id):
-        response = await http.delete(id_server.url, headers={"Acp-Connection-Id": connection_id})
+    async with identified_ws(wire_server) as (ws, connection_id):
+        response = await http.delete(wire_server.url, headers={"Acp-Connection-Id": connection_id})
         assert response.status_code == 202
         await assert_closes(ws)
-    response = await http.delete(id_server.url, headers={"Acp-Connection-Id": connection_id})
+    response = await http.delete(wire_server.url, headers={"Acp-Connection-Id": connection_id})
     assert response.status_code == 404
     response = await http.post(
-        id_server.url, headers={**JSON, "Acp-Connection-Id": connection_id}, json=rpc(5, "after/delete")
+        wire_server.url, headers={**JSON, "Acp-Connection-Id": connection_id}, json=rpc(5, "after/delete")
     )
     assert response.status_code == 404
 
 
 async def test_client_closing_the_socket_ends_the_connection(
-    id_server: DaphneServer, http: httpx.AsyncClient
+    wire_server: DaphneServer, http: httpx.AsyncClient
 ) -> None:
-    async with identified_ws(id_server) as (ws, connection_id):
+    async with identified_ws(wire_server) as (ws, connection_id):
         headers = {**SSE, "Acp-Connection-Id": connection_id}
-        assert (await http.get(id_server.url, headers=headers)).status_code == 409  # alive
+        assert (await http.get(wire_server.url, headers=headers)).status_code == 409  # alive
         await asyncio.wait_for(ws.close(), TIMEOUT)
     # The server learns of the close asynchronously and nothing on the wire signals the moment the
     # host is gone, so poll a side-effect-free request (409 while alive, 404 once removed).
     deadline = time.monotonic() + TIMEOUT
-    while (status := (await http.get(id_server.url, headers=headers)).status_code) == 409:
+    while (status := (await http.get(wire_server.url, headers=headers)).status_code) == 409:
         assert time.monotonic() < deadline, "connection still registered after the socket closed"
         await asyncio.sleep(0.02)
     assert status == 404

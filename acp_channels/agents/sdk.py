@@ -100,6 +100,10 @@ class SdkAgentChannel:
             await self._task
         with contextlib.suppress(Exception):
             await self._connection._conn.close()
+        if not self._ended:  # cancelled before it ever ran: its finally did not mark the end
+            self._ended = True
+            with contextlib.suppress(asyncio.QueueFull):
+                self._outbox.put_nowait(None)
 
     # -- inbound -----------------------------------------------------------------------------
 

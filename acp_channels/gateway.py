@@ -1,0 +1,316 @@
+"""The one interface the edges use to reach a connection, wherever its host lives.
+
+`locate(connection_id)` gives a handle with `submit`, `lease` and `terminate`. A host in this
+process is called directly (no serialization, no layer); a host on another worker is reached
+through the channel layer (`worker.bus`), and this module also serves those calls for the hosts
+this process owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any, Protocol
+
+from acp_channels import protocol
+from acp_channels.agents import AgentClosed
+from acp_channels.host import ConnectionHost, Mailbox, StreamBusy, StreamLease, registry
+from acp_channels.protocol import InboundPlan, SessionHeaderError, StreamKey
+from acp_channels.worker import (
+    LEASE_IDLE_LIMIT,
+    MAX_TAKE_BYTES,
+    RECEIPT_TIMEOUT,
+    TAKE_GRACE,
+    TAKE_WAIT,
+    WORKER_ID,
+    HostUnreachable,
+    bus,
+    inbox_channel,
+    worker_of,
+)
+
+#: How long a submit may wait for the agent to take the frame (its backpressure), after receipt.
+SUBMIT_TIMEOUT = 300.0
+
+
+class StreamReader(Protocol):
+    async def take(self, timeout: float | None) -> list[str] | None: ...
+
+    def release(self) -> None: ...
+
+
+class HostHandle(Protocol):
+    async def submit(self, plan: InboundPlan) -> None: ...
+
+    async def lease(self, key: StreamKey) -> StreamReader: ...
+
+    async def terminate(self) -> None: ...
+
+
+def locate(connection_id: str) -> HostHandle | None:
+    """A handle for the connection's host, or None when it cannot exist (404)."""
+    host = registry.get(connection_id)
+    if host is not None:
+        return LocalHandle(host)
+    worker_id = worker_of(connection_id)
+    if worker_id is None or worker_id == WORKER_ID or not bus.shared:
+        return None
+    return RemoteHandle(worker_id, connection_id)
+
+
+class LocalHandle:
+    """Same process: direct calls."""
+
+    def __init__(self, host: ConnectionHost) -> None:
+        self.host = host
+
+    async def submit(self, plan: InboundPlan) -> None:
+        await self.host.submit(plan)
+
+    async def lease(self, key: StreamKey) -> StreamReader:
+        return self.host.lease(key)
+
+    async def terminate(self) -> None:
+        await self.host.terminate()
+
+
+# -- a host on another worker ------------------------------------------------------------------
+
+_lease_ids = itertools.count()
+#: Leases held by SSE readers in this process (answers `probe`).
+_active_readers: set[str] = set()
+
+
+class RemoteHandle:
+    def __init__(self, worker_id: str, connection_id: str) -> None:
+        self.worker_id = worker_id
+        self.connection_id = connection_id
+
+    async def _call(self, op: str, timeout: float, receipt: bool = False, **args: Any) -> dict[str, Any]:
+        result = await bus.call(
+            self.worker_id, op, {"connection": self.connection_id, **args}, timeout=timeout, receipt=receipt
+        )
+        if result.get("error") == "unknown":
+            raise HostUnreachable(self.connection_id)
+        return result
+
+    async def submit(self, plan: InboundPlan) -> None:
+        result = await self._call(
+            "submit",
+            SUBMIT_TIMEOUT,
+            receipt=True,
+            text=protocol.serialize_frame(plan.frame),
+            routes=[list(route) for route in plan.routes],
+            sessions=plan.sessions,
+            header=plan.session_header,
+        )
+        if result.get("error") == "session":
+            raise SessionHeaderError(result["text"])
+        if result.get("error") == "closed":
+            raise AgentClosed("agent closed")
+
+    async def lease(self, key: StreamKey) -> StreamReader:
+        lease_id = f"{WORKER_ID}-{next(_lease_ids)}"
+        result = await self._call("lease", 2 * RECEIPT_TIMEOUT, stream=key, lease=lease_id, reader=WORKER_ID)
+        if result.get("error") == "busy":
+            raise StreamBusy
+        _active_readers.add(lease_id)
+        return RemoteStream(self.worker_id, lease_id)
+
+    async def terminate(self) -> None:
+        await self._call("terminate", 2 * RECEIPT_TIMEOUT)
+
+
+class RemoteStream:
+    """An SSE reader's lease on a stream hosted by another worker: pulls batches, acknowledging
+    each one with the next pull."""
+
+    def __init__(self, worker_id: str, lease_id: str) -> None:
+        self.worker_id = worker_id
+        self.lease_id = lease_id
+        self.acked = 0
+
+    async def take(self, timeout: float | None) -> list[str] | None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            wait = TAKE_WAIT if deadline is None else max(0.0, min(TAKE_WAIT, deadline - loop.time()))
+            try:
+                result = await bus.call(
+                    self.worker_id,
+                    "take",
+                    {"lease": self.lease_id, "ack": self.acked, "wait": wait},
+                    timeout=wait + TAKE_GRACE,
+                )
+            except (HostUnreachable, Exception):
+                return None  # the host's worker or the layer is gone: the stream ends
+            if result.get("end"):
+                return None
+            self.acked = result["seq"]
+            items: list[str] = result["items"]
+            if items or (deadline is not None and loop.time() >= deadline):
+                return items
+
+    def release(self) -> None:
+        if self.lease_id in _active_readers:
+            _active_readers.discard(self.lease_id)
+            bus.post(
+                inbox_channel(self.worker_id),
+                {
+                    "type": "acp.op",
+                    "op": "release",
+                    "id": self.lease_id,
+                    "reply_to": inbox_channel(WORKER_ID),
+                    "lease": self.lease_id,
+                    "ack": self.acked,
+                },
+            )
+
+
+# -- serving the hosts of this process ---------------------------------------------------------
+
+
+class LeaseOnHost:
+    """The host side of a remote reader's lease: the batch in flight until acknowledged."""
+
+    def __init__(self, lease_id: str, reader_worker: str, mailbox: Mailbox) -> None:
+        self.lease_id = lease_id
+        self.reader_worker = reader_worker
+        self.mailbox = mailbox
+        self.in_flight: list[str] = []
+        self.seq = 0
+        self.taking = False
+        self.ended = False
+        self._expiry: asyncio.TimerHandle | None = None
+        mailbox.acquire(self)
+        self._arm()
+
+    def acknowledge(self, seq: int) -> None:
+        if seq == self.seq:
+            self.in_flight = []
+
+    async def take(self, wait: float, ack: int) -> dict[str, Any]:
+        self.acknowledge(ack)
+        if self.in_flight:  # the reader did not get the last batch: send it again
+            return {"items": self.in_flight, "seq": self.seq}
+        self._disarm()
+        self.taking = True
+        try:
+            items = await self.mailbox.take(wait, MAX_TAKE_BYTES)
+        finally:
+            self.taking = False
+        if self.ended:  # released while we waited: these items belong to the next reader
+            self.mailbox.requeue(items or [])
+            return {"end": True}
+        if items is None:
+            self.end()
+            return {"end": True}
+        self._arm()
+        if items:
+            self.seq += 1
+            self.in_flight = items
+        return {"items": items, "seq": self.seq}
+
+    def end(self) -> None:
+        """Release the stream; whatever was not acknowledged goes back for the next reader."""
+        if self.ended:
+            return
+        self.ended = True
+        self._disarm()
+        _leases_on_host.pop(self.lease_id, None)
+        self.mailbox.requeue(self.in_flight)
+        self.in_flight = []
+        self.mailbox.release(self)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._expiry = asyncio.get_running_loop().call_later(LEASE_IDLE_LIMIT, self._expire)
+
+    def _disarm(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    def _expire(self) -> None:
+        if not self.taking:
+            self.end()
+
+
+_leases_on_host: dict[str, LeaseOnHost] = {}
+
+
+async def _reader_alive(lease: LeaseOnHost) -> bool:
+    try:
+        result = await bus.call(lease.reader_worker, "probe", {"lease": lease.lease_id}, timeout=RECEIPT_TIMEOUT)
+    except Exception:
+        return False
+    return bool(result.get("alive"))
+
+
+async def serve_submit(message: dict[str, Any]) -> dict[str, Any]:
+    host = registry.get(message["connection"])
+    if host is None:
+        return {"error": "unknown"}
+    routes = [(key, stream) for key, stream in message["routes"]]
+    plan = InboundPlan(protocol.parse_frame(message["text"]), routes, message["sessions"], message["header"])
+    try:
+        await host.submit(plan)
+    except SessionHeaderError as error:
+        return {"error": "session", "text": str(error)}
+    except AgentClosed:
+        return {"error": "closed"}
+    return {"ok": True}
+
+
+async def serve_lease(message: dict[str, Any]) -> dict[str, Any]:
+    host = registry.get(message["connection"])
+    if host is None:
+        return {"error": "unknown"}
+    try:
+        mailbox = host.stream_for_reader(message["stream"])
+    except StreamBusy:
+        return {"error": "busy"}
+    holder = mailbox.holder
+    if isinstance(holder, LeaseOnHost) and not await _reader_alive(holder):
+        holder.end()  # its reader's worker died: take over, nothing lost
+    try:
+        _leases_on_host[message["lease"]] = LeaseOnHost(message["lease"], message["reader"], mailbox)
+    except StreamBusy:
+        return {"error": "busy"}
+    return {"ok": True}
+
+
+async def serve_take(message: dict[str, Any]) -> dict[str, Any]:
+    lease = _leases_on_host.get(message["lease"])
+    if lease is None:
+        return {"end": True}
+    return await lease.take(float(message["wait"]), int(message["ack"]))
+
+
+async def serve_release(message: dict[str, Any]) -> None:
+    lease = _leases_on_host.get(message["lease"])
+    if lease is not None:
+        lease.acknowledge(int(message["ack"]))
+        lease.end()
+
+
+async def serve_terminate(message: dict[str, Any]) -> dict[str, Any]:
+    host = registry.get(message["connection"])
+    if host is None:
+        return {"error": "unknown"}
+    await host.terminate()
+    return {"ok": True}
+
+
+async def serve_probe(message: dict[str, Any]) -> dict[str, Any]:
+    return {"alive": message["lease"] in _active_readers}
+
+
+bus.handle("submit", serve_submit)
+bus.handle("lease", serve_lease)
+bus.handle("take", serve_take)
+bus.handle("release", serve_release)
+bus.handle("terminate", serve_terminate)
+bus.handle("probe", serve_probe)
+
+__all__ = ["HostHandle", "StreamBusy", "StreamLease", "StreamReader", "locate"]

@@ -1,0 +1,237 @@
+"""Reaching a connection's host from any worker process, through the channel layer.
+
+Every worker process has an id and an inbox channel (`acp.worker.<id>`). A connection id carries
+the id of the worker that hosts it (`<uuid4>.<worker id>`), so any worker can reach the host
+without a lookup. Operations travel as request/response messages:
+
+- `submit` is acknowledged twice: `received` at once (the host's worker is alive; a dead worker
+  gives a 404 within RECEIPT_TIMEOUT) and the result once the frame is queued for the agent (the
+  agent may apply backpressure; that is not a failure).
+- `lease`, `take`, `release`, `terminate`: the SSE reader on another worker pulls batches with
+  `take`, acknowledging the previous batch, so nothing is lost when a reader's worker dies: the
+  host puts an unacknowledged batch back and a new reader gets it, in order. A new reader that
+  finds the stream leased by a reader on another worker asks that worker (`probe`) whether the
+  reader still exists, and takes the stream over if not.
+
+Nothing here relies on `group_send` (which skips full members silently): every message that
+matters is a direct send with a reply or a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from channels.exceptions import ChannelFull
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+logger = logging.getLogger(__name__)
+
+WORKER_ID: Final = uuid.uuid4().hex[:12]
+RECEIPT_TIMEOUT: Final = 1.5  # a live worker acknowledges receipt in milliseconds
+TAKE_WAIT: Final = 5.0  # longest a remote take waits on the host for new output
+TAKE_GRACE: Final = 2.0  # allowance for the layer on top of TAKE_WAIT
+LEASE_IDLE_LIMIT: Final = TAKE_WAIT + 3 * TAKE_GRACE  # a remote reader silent this long is gone
+SEND_RETRY_SECONDS: Final = 5.0  # how long a send retries a full channel before giving up
+MAX_TAKE_BYTES: Final = 1024 * 1024  # one take reply carries at most about this much output
+
+
+def inbox_channel(worker_id: str) -> str:
+    return f"acp.worker.{worker_id}"
+
+
+def new_connection_id() -> str:
+    return f"{uuid.uuid4()}.{WORKER_ID}"
+
+
+def worker_of(connection_id: str) -> str | None:
+    """The id of the worker hosting a connection, or None for an id we never issued."""
+    _, _, worker_id = connection_id.rpartition(".")
+    return worker_id if len(worker_id) == 12 and worker_id.isalnum() else None
+
+
+class HostUnreachable(Exception):
+    """The connection's worker did not answer (it died): the connection is gone (404)."""
+
+
+class LayerUnavailable(Exception):
+    """The channel layer itself failed (Redis down): 503."""
+
+
+OpHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+
+class Bus:
+    """This process's end of the channel layer: its inbox, calls to other workers, and the
+    handlers that serve calls made to it."""
+
+    def __init__(self) -> None:
+        self._layer: Any = None
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._receipts: dict[str, asyncio.Future[None]] = {}
+        self._ids = itertools.count()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._handlers: dict[str, OpHandler] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def layer(self) -> Any:
+        if self._layer is None:
+            self._layer = get_channel_layer()
+        return self._layer
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes can reach us: a channel layer that is not in-memory."""
+        return self.layer is not None and not isinstance(self.layer, InMemoryChannelLayer)
+
+    def handle(self, op: str, handler: OpHandler) -> None:
+        self._handlers[op] = handler
+
+    def ensure_listening(self) -> None:
+        """Start reading our inbox (once per process and event loop)."""
+        if not self.shared:
+            return
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._listen(), name="acp-worker-inbox")
+
+    # -- calling other workers ---------------------------------------------------------------
+
+    async def call(
+        self, worker_id: str, op: str, args: dict[str, Any], *, timeout: float, receipt: bool = False
+    ) -> dict[str, Any]:
+        """Send an operation to a worker and wait for its result.
+
+        With `receipt`, the worker's receipt must come within RECEIPT_TIMEOUT and the result may
+        take up to `timeout` after it. Raises HostUnreachable or LayerUnavailable.
+        """
+        self.ensure_listening()
+        request_id = f"{WORKER_ID}-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._pending[request_id] = result
+        received: asyncio.Future[None] | None = None
+        if receipt:
+            received = self._receipts[request_id] = loop.create_future()
+        try:
+            message = {
+                "type": "acp.op",
+                "op": op,
+                "id": request_id,
+                "reply_to": inbox_channel(WORKER_ID),
+                "receipt": receipt,
+                **args,
+            }
+            await self.send(inbox_channel(worker_id), message)
+            try:
+                if received is not None:
+                    await asyncio.wait_for(asyncio.shield(received), RECEIPT_TIMEOUT)
+                return await asyncio.wait_for(result, timeout)
+            except TimeoutError:
+                raise HostUnreachable(f"worker {worker_id} did not answer {op}") from None
+        finally:
+            self._pending.pop(request_id, None)
+            self._receipts.pop(request_id, None)
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        """A direct send; a full channel is retried (backpressure), a broken layer is 503."""
+        deadline = time.monotonic() + SEND_RETRY_SECONDS
+        delay = 0.005
+        while True:
+            try:
+                await self.layer.send(channel, message)
+                return
+            except ChannelFull:
+                if time.monotonic() > deadline:
+                    raise LayerUnavailable(f"channel {channel} stayed full") from None
+                await asyncio.sleep(delay)  # backoff: a full channel sends no event to await
+                delay = min(delay * 2, 0.2)
+            except (OSError, ConnectionError) as error:
+                raise LayerUnavailable(str(error)) from error
+            except Exception as error:
+                if type(error).__module__.startswith("redis"):
+                    raise LayerUnavailable(str(error)) from error
+                raise
+
+    def post(self, channel: str, message: dict[str, Any]) -> None:
+        """Fire and forget (releases): failures are logged, never raised."""
+
+        async def deliver() -> None:
+            try:
+                await self.send(channel, message)
+            except Exception as error:
+                logger.warning("could not deliver %s to %s: %s", message.get("op"), channel, error)
+
+        self._spawn(deliver())
+
+    # -- serving calls -----------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        channel = inbox_channel(WORKER_ID)
+        failures = 0
+        while True:
+            try:
+                message = await self.layer.receive(channel)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                failures += 1
+                if failures == 1:
+                    logger.warning("channel layer receive failed (%s); retrying", error)
+                await asyncio.sleep(min(0.1 * failures, 2.0))  # the layer is down: back off, retry
+                continue
+            self._dispatch(message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        request_id = message.get("id")
+        if kind == "acp.receipt":
+            receipt = self._receipts.get(request_id)  # type: ignore[arg-type]
+            if receipt is not None and not receipt.done():
+                receipt.set_result(None)
+        elif kind == "acp.result":
+            future = self._pending.get(request_id)  # type: ignore[arg-type]
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif kind == "acp.op":
+            self._spawn(self._serve(message))
+
+    async def _serve(self, message: dict[str, Any]) -> None:
+        reply_to = message["reply_to"]
+        handler = self._handlers.get(message["op"])
+        if message.get("receipt"):
+            await self._reply(reply_to, {"type": "acp.receipt", "id": message["id"]})
+        try:
+            result = await handler(message) if handler is not None else {"error": "unknown-op"}
+        except Exception:
+            logger.exception("serving %s failed", message["op"])
+            result = {"error": "internal"}
+        if result is not None:
+            await self._reply(reply_to, {"type": "acp.result", "id": message["id"], **result})
+
+    async def _reply(self, channel: str, message: dict[str, Any]) -> None:
+        try:
+            await self.send(channel, message)
+        except LayerUnavailable as error:
+            logger.warning("could not reply to %s: %s", channel, error)
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+
+bus = Bus()

@@ -1,0 +1,356 @@
+"""System checks for ACP_CHANNELS (acp_channels.E001...E010, W001, W002)."""
+
+from __future__ import annotations
+
+from io import StringIO
+from typing import Any
+
+import pytest
+from corsheaders.defaults import default_headers
+from django.core.checks import Error, Warning
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from acp_channels.checks import check_settings
+from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS
+
+#: Referenced by ACP_CHANNELS["AGENT"] in a test: importable, but not callable.
+NOT_CALLABLE = "an agent factory must be callable"
+
+ORIGIN = "https://editor.example"
+
+
+def check_ids() -> list[str]:
+    return [message.id for message in check_settings()]  # type: ignore[misc]
+
+
+def acp(settings: Any, **values: Any) -> None:
+    """Set keys of ACP_CHANNELS, keeping the demo's other keys."""
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, **values}
+
+
+def drop(settings: Any, key: str) -> None:
+    settings.ACP_CHANNELS = {k: v for k, v in settings.ACP_CHANNELS.items() if k != key}
+
+
+def test_demo_settings_are_clean() -> None:
+    assert check_settings() == []
+
+
+def test_demo_settings_with_cors_origins_are_clean(settings: Any) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN, "http://localhost:3000", "http://[::1]:8080"])
+    assert check_settings() == []
+
+
+# --------------------------------------------------------------------------------------------
+# E000 / E001: the setting itself and AGENT
+
+
+def test_acp_channels_not_a_dict(settings: Any) -> None:
+    settings.ACP_CHANNELS = ["demo_project.agent.create_agent"]
+    assert check_ids() == ["acp_channels.E000"]
+
+
+def test_agent_missing_when_acp_channels_is_absent(settings: Any) -> None:
+    del settings.ACP_CHANNELS
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E001"]
+    assert isinstance(messages[0], Error)
+    assert messages[0].msg == "ACP_CHANNELS['AGENT'] is not set."
+
+
+@pytest.mark.parametrize("value", [None, "", 17, ["demo_project.agent.create_agent"]], ids=repr)
+def test_agent_not_set(settings: Any, value: Any) -> None:
+    acp(settings, AGENT=value)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E001"]
+    assert messages[0].msg == "ACP_CHANNELS['AGENT'] is not set."
+
+
+def test_agent_key_missing(settings: Any) -> None:
+    drop(settings, "AGENT")
+    assert check_ids() == ["acp_channels.E001"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["no_such_module.create", "demo_project.agent.no_such_factory", "demo_project", "demo_project.nope.x"],
+)
+def test_agent_unimportable(settings: Any, path: str) -> None:
+    acp(settings, AGENT=path)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E001"]
+    assert messages[0].msg.startswith(f"ACP_CHANNELS['AGENT'] = {path!r} cannot be imported: ")
+
+
+def test_agent_not_callable(settings: Any) -> None:
+    acp(settings, AGENT="tests.test_checks.NOT_CALLABLE")
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E001"]
+    assert messages[0].msg == "ACP_CHANNELS['AGENT'] = 'tests.test_checks.NOT_CALLABLE' is not callable."
+
+
+@pytest.mark.parametrize(
+    "path", ["demo_project.agent.create_agent", "demo_project.agent.DemoAgent", "tests.wire_agent.create"]
+)
+def test_agent_callables_pass(settings: Any, path: str) -> None:
+    acp(settings, AGENT=path)
+    assert check_settings() == []
+
+
+# --------------------------------------------------------------------------------------------
+# E002-E006: numbers
+
+INT_SETTINGS = [("MAX_BODY_BYTES", "acp_channels.E002"), ("MAX_BUFFERED_BYTES", "acp_channels.E004")]
+FLOAT_SETTINGS = [("KEEPALIVE_SECONDS", "acp_channels.E003"), ("INITIALIZE_TIMEOUT", "acp_channels.E005")]
+OPTIONAL = {"INITIALIZE_TIMEOUT", "MAX_CONNECTIONS"}
+ALL_NUMBERS = [*INT_SETTINGS, *FLOAT_SETTINGS, ("MAX_CONNECTIONS", "acp_channels.E006")]
+
+
+@pytest.mark.parametrize(("key", "check_id"), ALL_NUMBERS)
+@pytest.mark.parametrize("bad", [0, -1, -0.5, "10", True, False, [1]], ids=repr)
+def test_numbers_must_be_positive_numbers(settings: Any, key: str, check_id: str, bad: Any) -> None:
+    acp(settings, **{key: bad})
+    messages = check_settings()
+    assert [m.id for m in messages] == [check_id]
+    assert isinstance(messages[0], Error)
+    suffix = " or None" if key in OPTIONAL else ""
+    kind = "a positive number" if (key, check_id) in FLOAT_SETTINGS else "a positive integer"
+    assert messages[0].msg == f"ACP_CHANNELS['{key}'] must be {kind}{suffix}, not {bad!r}."
+
+
+@pytest.mark.parametrize(("key", "check_id"), [*INT_SETTINGS, ("MAX_CONNECTIONS", "acp_channels.E006")])
+def test_integer_settings_refuse_floats(settings: Any, key: str, check_id: str) -> None:
+    acp(settings, **{key: 1.5})
+    assert check_ids() == [check_id]
+    acp(settings, **{key: 1.0})
+    assert check_ids() == [check_id]
+
+
+@pytest.mark.parametrize(("key", "check_id"), ALL_NUMBERS)
+def test_positive_values_pass(settings: Any, key: str, check_id: str) -> None:
+    acp(settings, **{key: 1})
+    assert check_settings() == []
+    if (key, check_id) in FLOAT_SETTINGS:
+        acp(settings, **{key: 0.25})
+        assert check_settings() == []
+
+
+@pytest.mark.parametrize(("key", "check_id"), [*INT_SETTINGS, ("KEEPALIVE_SECONDS", "acp_channels.E003")])
+def test_none_is_refused_where_not_optional(settings: Any, key: str, check_id: str) -> None:
+    acp(settings, **{key: None})
+    assert check_ids() == [check_id]
+
+
+@pytest.mark.parametrize("key", sorted(OPTIONAL))
+def test_none_is_allowed_for_optional_numbers(settings: Any, key: str) -> None:
+    acp(settings, **{key: None})
+    assert check_settings() == []
+
+
+def test_every_bad_value_is_reported(settings: Any) -> None:
+    acp(
+        settings,
+        AGENT=None,
+        MAX_BODY_BYTES=0,
+        KEEPALIVE_SECONDS=0,
+        MAX_BUFFERED_BYTES=0,
+        INITIALIZE_TIMEOUT=0,
+        MAX_CONNECTIONS=0,
+        CORS_ALLOWED_ORIGINS="*",
+        BOGUS=1,
+    )
+    assert check_ids() == [
+        "acp_channels.E001",
+        "acp_channels.E002",
+        "acp_channels.E003",
+        "acp_channels.E004",
+        "acp_channels.E005",
+        "acp_channels.E006",
+        "acp_channels.E007",
+        "acp_channels.W001",
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# E007-E010: CORS
+
+
+@pytest.mark.parametrize("value", ["*", ORIGIN, None, {ORIGIN: True}, [ORIGIN, 5], [None]], ids=repr)
+def test_origins_must_be_a_list_of_strings(settings: Any, value: Any) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=value)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E007"]
+    assert messages[0].msg == "ACP_CHANNELS['CORS_ALLOWED_ORIGINS'] must be a list of origin strings."
+
+
+def test_origins_may_be_a_tuple(settings: Any) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=(ORIGIN,))
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "editor.example",
+        "*",
+        "null",
+        "",
+        "ftp://editor.example",
+        "ws://editor.example",
+        "https://",
+        "https://editor.example/",
+        "https://editor.example/path",
+        "//editor.example",
+    ],
+)
+def test_bad_origin_strings(settings: Any, origin: str) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN, origin])
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E007"]
+    assert messages[0].msg == f"{origin!r} is not an origin (scheme://host[:port], no path)."
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "https://editor.example?x=1",
+        "https://editor.example#top",
+        "https://user@editor.example",
+        "https://editor.example ",
+    ],
+)
+def test_origins_with_extra_parts_are_refused(settings: Any, origin: str) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[origin])
+    assert check_ids() == ["acp_channels.E007"]
+
+
+def test_each_bad_origin_is_reported(settings: Any) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=["a.example", ORIGIN, "https://b.example/x"])
+    assert check_ids() == ["acp_channels.E007", "acp_channels.E007"]
+
+
+def test_cors_needs_the_corsheaders_middleware(settings: Any) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN])
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if not m.endswith("CorsMiddleware")]
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E008"]
+    assert messages[0].msg == "CORS_ALLOWED_ORIGINS needs django-cors-headers."
+
+
+def test_cors_needs_the_corsheaders_app(settings: Any) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN])
+    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != "corsheaders"]
+    assert check_ids() == ["acp_channels.E008"]
+
+
+def test_missing_corsheaders_is_fine_without_origins(settings: Any) -> None:
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if not m.endswith("CorsMiddleware")]
+    del settings.CORS_EXPOSE_HEADERS
+    del settings.CORS_ALLOW_HEADERS
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    "exposed",
+    [None, [], ["acp-connection-id"], ["acp-session-id"], ["content-type"]],
+    ids=["unset", "empty", "no-session", "no-connection", "other"],
+)
+def test_expose_headers_must_include_acp_headers(settings: Any, exposed: list[str] | None) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN])
+    if exposed is None:
+        del settings.CORS_EXPOSE_HEADERS
+    else:
+        settings.CORS_EXPOSE_HEADERS = exposed
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E009"]
+    assert messages[0].msg == "CORS_EXPOSE_HEADERS must include the ACP response headers."
+
+
+def test_expose_headers_are_case_insensitive(settings: Any) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN])
+    settings.CORS_EXPOSE_HEADERS = ["Acp-Connection-Id", "ACP-SESSION-ID", "x-extra"]
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize("missing", ACP_ALLOW_HEADERS)
+def test_allow_headers_must_include_each_acp_header(settings: Any, missing: str) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN])
+    settings.CORS_ALLOW_HEADERS = [h for h in (*default_headers, *ACP_ALLOW_HEADERS) if h != missing]
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E010"]
+    assert messages[0].msg == "CORS_ALLOW_HEADERS must include the ACP request headers."
+
+
+def test_allow_headers_default_lacks_acp_headers(settings: Any) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN])
+    del settings.CORS_ALLOW_HEADERS  # django-cors-headers' default_headers
+    assert check_ids() == ["acp_channels.E010"]
+
+
+def test_allow_headers_are_case_insensitive(settings: Any) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN])
+    settings.CORS_ALLOW_HEADERS = [h.upper() for h in ACP_ALLOW_HEADERS]
+    assert check_settings() == []
+
+
+def test_all_cors_problems_at_once(settings: Any) -> None:
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN, "bad"])
+    settings.MIDDLEWARE = []
+    settings.CORS_EXPOSE_HEADERS = []
+    settings.CORS_ALLOW_HEADERS = []
+    assert check_ids() == ["acp_channels.E007", "acp_channels.E008", "acp_channels.E009", "acp_channels.E010"]
+
+
+def test_cors_header_constants() -> None:
+    assert ACP_EXPOSE_HEADERS == ("acp-connection-id", "acp-session-id")
+    assert set(ACP_ALLOW_HEADERS) >= {"content-type", "acp-connection-id", "acp-session-id", "accept"}
+
+
+# --------------------------------------------------------------------------------------------
+# W001, W002
+
+
+def test_unknown_key_warns(settings: Any) -> None:
+    acp(settings, KEEPALIVE=5, agent="lowercase")
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.W001", "acp_channels.W001"]
+    assert all(isinstance(m, Warning) and not isinstance(m, Error) for m in messages)
+    assert messages[0].msg == "ACP_CHANNELS has an unknown key 'KEEPALIVE'."
+    assert messages[1].msg == "ACP_CHANNELS has an unknown key 'agent'."
+    assert "KEEPALIVE_SECONDS" in (messages[0].hint or "")
+
+
+def test_gzip_middleware_warns(settings: Any) -> None:
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.middleware.gzip.GZipMiddleware"]
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.W002"]
+    assert isinstance(messages[0], Warning)
+    assert messages[0].msg == "GZipMiddleware compresses the SSE stream of /acp, which delays events."
+
+
+# --------------------------------------------------------------------------------------------
+# through manage.py check
+
+
+def test_check_command_passes_with_demo_settings() -> None:
+    out = StringIO()
+    call_command("check", stdout=out, stderr=StringIO())
+    assert "System check identified no issues" in out.getvalue()
+
+
+def test_check_command_fails_on_a_bad_setting(settings: Any) -> None:
+    acp(settings, MAX_BODY_BYTES=-1, SURPRISE=True)
+    with pytest.raises(SystemCheckError) as raised:
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+    report = str(raised.value)
+    assert "acp_channels.E002" in report
+    assert "ACP_CHANNELS['MAX_BODY_BYTES'] must be a positive integer, not -1." in report
+    assert "acp_channels.W001" in report
+
+
+def test_check_command_reports_warnings_without_failing(settings: Any) -> None:
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.middleware.gzip.GZipMiddleware"]
+    out, err = StringIO(), StringIO()
+    call_command("check", stdout=out, stderr=err)
+    assert "acp_channels.W002" in out.getvalue() + err.getvalue()

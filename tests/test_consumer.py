@@ -1,0 +1,200 @@
+"""The WebSocket consumer in process (channels' WebsocketCommunicator, no server): fast checks of the
+Origin gate, the frame round trip, and that the host's lifetime follows the socket's.
+
+The live counterparts are in test_wire_websocket.py; here the host registry is observable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from channels.testing import WebsocketCommunicator
+
+from acp_channels.agents import AgentClosed
+from acp_channels.host import ConnectionHost, StreamBusy, registry
+from acp_channels.protocol import Single
+from acp_channels.routing import build_asgi_application
+from tests.live import notification, rpc
+
+ALLOWED = "http://allowed.example"
+TIMEOUT = 5.0
+
+
+@pytest.fixture(autouse=True)
+def wire_agent_settings(settings: Any) -> None:
+    settings.ACP_CHANNELS = {"AGENT": "tests.wire_agent.create", "CORS_ALLOWED_ORIGINS": [ALLOWED]}
+
+
+@pytest.fixture(scope="module")
+def application() -> Any:
+    return build_asgi_application()
+
+
+def communicator_for(application: Any, origin: str | None = None) -> WebsocketCommunicator:
+    headers = [(b"origin", origin.encode())] if origin is not None else []
+    return WebsocketCommunicator(application, "/acp", headers=headers)
+
+
+@contextlib.asynccontextmanager
+async def connected(application: Any, origin: str | None = None) -> AsyncIterator[tuple[WebsocketCommunicator, str]]:
+    """An accepted socket and its connection id; disconnected (if still running) on exit."""
+    communicator = communicator_for(application, origin)
+    accepted, _ = await communicator.connect(TIMEOUT)
+    try:
+        assert accepted
+        headers = dict(communicator.response_headers or [])
+        yield communicator, headers[b"acp-connection-id"].decode()
+    finally:
+        if not communicator.future.done():
+            await communicator.disconnect(timeout=TIMEOUT)
+
+
+def host_of(connection_id: str) -> ConnectionHost:
+    host = registry.get(connection_id)
+    assert host is not None, "no host registered for the connection id from the accept headers"
+    return host
+
+
+async def receive(communicator: WebsocketCommunicator) -> Any:
+    return json.loads(await communicator.receive_from(TIMEOUT))
+
+
+async def received_frames(communicator: WebsocketCommunicator) -> list[Any]:
+    await communicator.send_json_to(rpc("received", "test/received"))
+    reply = await receive(communicator)
+    assert reply["id"] == "received", reply
+    return [json.loads(frame) for frame in reply["result"]["frames"]]
+
+
+def echo(request_id: Any, method: str, params: Any = None) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": {"method": method, "params": params}}
+
+
+# -- the Origin gate -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", ALLOWED.upper(), ALLOWED + "/"])
+async def test_foreign_origin_is_refused_before_accept(application: Any, origin: str) -> None:
+    hosts_before = len(registry)
+    communicator = communicator_for(application, origin)
+    accepted, _ = await communicator.connect(TIMEOUT)
+    assert not accepted  # a close before accept: the server answers 403
+    assert communicator.response_headers is None
+    assert len(registry) == hosts_before  # no agent was created
+    await communicator.disconnect(timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("origin", [None, ALLOWED])
+async def test_missing_or_listed_origin_is_accepted_with_a_websocket_host(application: Any, origin: str | None) -> None:
+    async with connected(application, origin) as (_, connection_id):
+        host = host_of(connection_id)
+        assert host.transport == "websocket"
+
+
+async def test_origin_is_refused_when_cors_is_off(application: Any, settings: Any) -> None:
+    settings.ACP_CHANNELS = {"AGENT": "tests.wire_agent.create"}
+    communicator = communicator_for(application, ALLOWED)
+    accepted, _ = await communicator.connect(TIMEOUT)
+    assert not accepted
+    await communicator.disconnect(timeout=TIMEOUT)
+
+
+# -- frames ----------------------------------------------------------------------------------
+
+
+async def test_text_round_trip(application: Any) -> None:
+    async with connected(application) as (communicator, _):
+        await communicator.send_json_to(rpc(1, "custom/echo", {"a": [1, 2]}))
+        assert await receive(communicator) == echo(1, "custom/echo", {"a": [1, 2]})
+        await communicator.send_json_to(notification("custom/note"))
+        assert await received_frames(communicator) == [
+            rpc(1, "custom/echo", {"a": [1, 2]}),
+            notification("custom/note"),
+        ]
+
+
+async def test_batch_is_one_frame_and_one_reply(application: Any) -> None:
+    batch = [rpc(1, "a"), notification("n"), rpc(2, "b")]
+    async with connected(application) as (communicator, _):
+        await communicator.send_json_to(batch)
+        assert await receive(communicator) == [echo(1, "a"), echo(2, "b")]
+        assert await received_frames(communicator) == [batch]
+
+
+async def test_malformed_text_is_forwarded_and_answered(application: Any) -> None:
+    async with connected(application) as (communicator, _):
+        await communicator.send_to(text_data="{not json")
+        reply = await receive(communicator)
+        assert (reply["id"], reply["error"]["code"], reply["error"]["data"]) == (None, -32700, {"line": "{not json"})
+        await communicator.send_json_to(rpc(2, "after"))
+        assert await receive(communicator) == echo(2, "after")
+
+
+async def test_binary_is_ignored(application: Any) -> None:
+    async with connected(application) as (communicator, _):
+        await communicator.send_to(bytes_data=json.dumps(rpc(1, "binary")).encode())
+        # The next output is the answer to test/received, and the agent saw nothing.
+        assert await received_frames(communicator) == []
+
+
+# -- lifetime --------------------------------------------------------------------------------
+
+
+async def test_disconnect_terminates_the_host(application: Any) -> None:
+    hosts_before = len(registry)
+    async with connected(application) as (communicator, connection_id):
+        host = host_of(connection_id)
+        assert len(registry) == hosts_before + 1
+        await communicator.disconnect(timeout=TIMEOUT)
+    assert registry.get(connection_id) is None
+    assert len(registry) == hosts_before
+    assert host.ended.is_set()
+    with pytest.raises(AgentClosed):
+        await host.agent.send(Single(rpc(9, "after/disconnect")))
+
+
+async def test_agent_exit_drains_then_closes_and_unregisters(application: Any) -> None:
+    final = notification("test/final", {"bye": True})
+    async with connected(application) as (communicator, connection_id):
+        await communicator.send_json_to(rpc(1, "test/exit", {"final": final}))
+        assert await receive(communicator) == {"jsonrpc": "2.0", "id": 1, "result": {"ok": True}}
+        assert await receive(communicator) == final
+        assert (await communicator.receive_output(TIMEOUT))["type"] == "websocket.close"
+        assert registry.get(connection_id) is None
+        # Input after the agent ended is dropped without raising (item 46).
+        await communicator.send_json_to(rpc(2, "after/exit"))
+        await communicator.disconnect(timeout=TIMEOUT)  # re-raises anything the consumer raised
+
+
+async def test_terminating_the_host_closes_the_socket(application: Any) -> None:
+    """What DELETE with a WebSocket connection id does (§8 quirk)."""
+    async with connected(application) as (communicator, connection_id):
+        await host_of(connection_id).terminate()
+        assert (await communicator.receive_output(TIMEOUT))["type"] == "websocket.close"
+        assert registry.get(connection_id) is None
+
+
+async def test_websocket_host_has_no_sse_streams(application: Any) -> None:
+    """A GET with a WebSocket connection id is 409 (item 43)."""
+    async with connected(application) as (_, connection_id):
+        host = host_of(connection_id)
+        for session in (None, "s-1"):
+            with pytest.raises(StreamBusy):
+                host.lease(session)
+
+
+async def test_connection_cap_refuses_with_try_again_later(application: Any, settings: Any) -> None:
+    async with connected(application) as _:
+        settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "MAX_CONNECTIONS": len(registry)}
+        hosts_before = len(registry)
+        communicator = communicator_for(application)
+        accepted, _ = await communicator.connect(TIMEOUT)
+        assert accepted
+        closing = await communicator.receive_output(TIMEOUT)
+        assert (closing["type"], closing.get("code")) == ("websocket.close", 1013)
+        assert len(registry) == hosts_before
+        await communicator.disconnect(timeout=TIMEOUT)

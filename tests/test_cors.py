@@ -1,0 +1,259 @@
+"""Cross-origin access to `/acp` over the wire (spec §3.3, §14 items 7-12).
+
+CORS off (the default, `wire_server`): no Access-Control-* headers anywhere, OPTIONS is 405, and
+every WebSocket upgrade with an Origin is refused. CORS on (`cors_server`, one listed origin):
+django-cors-headers answers preflights and decorates our responses for the listed origin only;
+unlisted origins are still served, just without the headers; the WebSocket gate uses the same list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+from websockets.typing import Origin
+
+from tests.live import JSON, SSE, DaphneServer, rpc
+
+ALLOWED = "http://allowed.example"
+UNLISTED = "http://evil.example"
+TIMEOUT = 10.0
+
+
+@pytest.fixture(scope="module")
+def cors_server() -> Iterator[DaphneServer]:
+    server = DaphneServer(
+        env={
+            "ACP_AGENT": "tests.wire_agent.create",
+            "ACP_KEEPALIVE_SECONDS": "0.5",
+            "ACP_CORS_ALLOWED_ORIGINS": ALLOWED,
+        }
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def access_control(response: httpx.Response) -> dict[str, str]:
+    return {
+        name.lower(): value for name, value in response.headers.items() if name.lower().startswith("access-control-")
+    }
+
+
+def tokens(value: str | None) -> set[str]:
+    return {token.strip().lower() for token in (value or "").split(",") if token.strip()}
+
+
+def vary(response: httpx.Response) -> set[str]:
+    return {token for value in response.headers.get_list("vary") for token in tokens(value)}
+
+
+def assert_cors_for_allowed(response: httpx.Response) -> None:
+    assert response.headers.get("access-control-allow-origin") == ALLOWED, access_control(response)
+    assert "origin" in vary(response)
+    assert {"acp-connection-id", "acp-session-id"} <= tokens(response.headers.get("access-control-expose-headers"))
+    assert "access-control-allow-credentials" not in response.headers
+
+
+def assert_no_cors(response: httpx.Response) -> None:
+    assert access_control(response) == {}
+
+
+def origin_headers(origin: str | None, **headers: str) -> dict[str, str]:
+    return {**({"Origin": origin} if origin is not None else {}), **headers}
+
+
+async def initialize(http: httpx.AsyncClient, url: str, origin: str | None) -> httpx.Response:
+    response = await http.post(url, headers=origin_headers(origin, **JSON), json=rpc(0, "initialize", {}))
+    assert response.status_code == 200, response.text
+    assert response.headers.get("acp-connection-id")
+    return response
+
+
+@contextlib.asynccontextmanager
+async def sse(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> AsyncIterator[httpx.Response]:
+    response = await http.send(http.build_request("GET", url, headers=headers), stream=True)
+    try:
+        yield response
+    finally:
+        await response.aclose()
+
+
+async def responses_of_every_kind(http: httpx.AsyncClient, url: str, origin: str | None) -> dict[str, httpx.Response]:
+    """One response per status class the endpoint produces, all sent with `origin`."""
+    got: dict[str, httpx.Response] = {}
+    got["initialize 200"] = init = await initialize(http, url, origin)
+    connection_id = init.headers["acp-connection-id"]
+    with_id = {"Acp-Connection-Id": connection_id}
+    async with sse(http, url, origin_headers(origin, **SSE, **with_id)) as stream:
+        assert stream.status_code == 200
+        got["sse 200"] = stream
+        got["post 202"] = await http.post(url, headers=origin_headers(origin, **JSON, **with_id), json=rpc(1, "x/y"))
+    got["post 400"] = await http.post(url, headers=origin_headers(origin, **JSON), json=rpc(2, "x/y"))
+    got["post 404"] = await http.post(
+        url, headers=origin_headers(origin, **JSON, **{"Acp-Connection-Id": "no-such-connection"}), json=rpc(3, "x/y")
+    )
+    got["post 415"] = await http.post(url, headers=origin_headers(origin, **with_id), content=b"{}")
+    got["get 406"] = await http.get(url, headers=origin_headers(origin, **with_id))
+    got["delete 202"] = await http.delete(url, headers=origin_headers(origin, **with_id))
+    got["delete 404"] = await http.delete(url, headers=origin_headers(origin, **with_id))
+    for name, response in got.items():
+        assert response.status_code == int(name.split()[-1]), (name, response.status_code, response.text)
+    return got
+
+
+async def ws_status(url: str, origin: str | None) -> int:
+    """101 when the upgrade is accepted (and a round trip works), else the refusal's status."""
+    try:
+        async with connect(
+            url,
+            origin=Origin(origin) if origin is not None else None,
+            proxy=None,
+            open_timeout=TIMEOUT,
+            close_timeout=TIMEOUT,
+        ) as ws:
+            await ws.send('{"jsonrpc":"2.0","id":1,"method":"cors/ws"}')
+            reply = await asyncio.wait_for(ws.recv(), TIMEOUT)
+            assert isinstance(reply, str)
+            assert json.loads(reply)["id"] == 1
+            return ws.response.status_code
+    except InvalidStatus as refused:
+        return refused.response.status_code
+
+
+# -- CORS off --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("origin", [ALLOWED, UNLISTED, None])
+async def test_cors_off_sends_no_access_control_headers(
+    wire_server: DaphneServer, http: httpx.AsyncClient, origin: str | None
+) -> None:
+    for name, response in (await responses_of_every_kind(http, wire_server.url, origin)).items():
+        assert access_control(response) == {}, name
+        assert "origin" not in vary(response), name
+
+
+async def test_cors_off_options_is_405(wire_server: DaphneServer, http: httpx.AsyncClient) -> None:
+    headers = {
+        "Origin": ALLOWED,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,acp-connection-id",
+    }
+    response = await http.options(wire_server.url, headers=headers)
+    assert response.status_code == 405
+    assert_no_cors(response)
+    assert {"get", "post", "delete"} <= tokens(response.headers.get("allow"))
+
+
+@pytest.mark.parametrize("origin", [ALLOWED, "null", "http://127.0.0.1"])
+async def test_cors_off_refuses_websocket_with_any_origin(wire_server: DaphneServer, origin: str) -> None:
+    assert await ws_status(wire_server.ws_url, origin) == 403
+
+
+async def test_cors_off_accepts_websocket_without_origin(wire_server: DaphneServer) -> None:
+    assert await ws_status(wire_server.ws_url, None) == 101
+
+
+# -- CORS on: HTTP ---------------------------------------------------------------------------
+
+
+async def test_listed_origin_gets_cors_headers_on_every_response(
+    cors_server: DaphneServer, http: httpx.AsyncClient
+) -> None:
+    for name, response in (await responses_of_every_kind(http, cors_server.url, ALLOWED)).items():
+        try:
+            assert_cors_for_allowed(response)
+        except AssertionError as error:
+            raise AssertionError(f"{name}: {error}") from error
+
+
+@pytest.mark.parametrize("origin", [UNLISTED, "HTTP://ALLOWED.EXAMPLE", ALLOWED + "/", "null", None])
+async def test_unlisted_or_missing_origin_is_served_without_cors_headers(
+    cors_server: DaphneServer, http: httpx.AsyncClient, origin: str | None
+) -> None:
+    for name, response in (await responses_of_every_kind(http, cors_server.url, origin)).items():
+        assert access_control(response) == {}, name
+
+
+@pytest.mark.parametrize("origin", [UNLISTED, None])
+async def test_every_response_varies_by_origin_when_cors_is_on(
+    cors_server: DaphneServer, http: httpx.AsyncClient, origin: str | None
+) -> None:
+    response = await initialize(http, cors_server.url, origin)
+    await http.delete(cors_server.url, headers={"Acp-Connection-Id": response.headers["acp-connection-id"]})
+    assert "origin" in vary(response)
+
+
+@pytest.mark.parametrize("method", ["POST", "GET", "DELETE"])
+async def test_preflight_from_listed_origin(cors_server: DaphneServer, http: httpx.AsyncClient, method: str) -> None:
+    headers = {
+        "Origin": ALLOWED,
+        "Access-Control-Request-Method": method,
+        "Access-Control-Request-Headers": "content-type,acp-connection-id,acp-session-id",
+    }
+    response = await http.options(cors_server.url, headers=headers)
+    assert response.status_code == 200
+    assert response.content == b""
+    assert response.headers.get("access-control-allow-origin") == ALLOWED
+    assert "origin" in vary(response)
+    assert {"get", "post", "delete"} <= tokens(response.headers.get("access-control-allow-methods"))
+    allowed_headers = tokens(response.headers.get("access-control-allow-headers"))
+    assert {"acp-connection-id", "acp-session-id", "content-type", "accept"} <= allowed_headers
+    assert "access-control-allow-credentials" not in response.headers
+
+
+async def test_preflight_from_unlisted_origin_is_200_without_acao(
+    cors_server: DaphneServer, http: httpx.AsyncClient
+) -> None:
+    headers = {"Origin": UNLISTED, "Access-Control-Request-Method": "POST"}
+    response = await http.options(cors_server.url, headers=headers)
+    assert response.status_code == 200
+    assert "access-control-allow-origin" not in response.headers
+
+
+async def test_preflight_from_unlisted_origin_grants_nothing(
+    cors_server: DaphneServer, http: httpx.AsyncClient
+) -> None:
+    headers = {
+        "Origin": UNLISTED,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type",
+    }
+    response = await http.options(cors_server.url, headers=headers)
+    assert access_control(response) == {}
+
+
+async def test_cors_is_scoped_to_the_acp_endpoint(cors_server: DaphneServer, http: httpx.AsyncClient) -> None:
+    elsewhere = cors_server.url.removesuffix("/acp") + "/elsewhere"
+    response = await http.get(elsewhere, headers={"Origin": ALLOWED})
+    assert response.status_code == 404
+    assert_no_cors(response)
+    preflight = await http.options(elsewhere, headers={"Origin": ALLOWED, "Access-Control-Request-Method": "POST"})
+    assert preflight.status_code != 200
+    assert_no_cors(preflight)
+
+
+# -- CORS on: WebSocket ----------------------------------------------------------------------
+
+
+async def test_websocket_with_listed_origin_is_accepted(cors_server: DaphneServer) -> None:
+    assert await ws_status(cors_server.ws_url, ALLOWED) == 101
+
+
+@pytest.mark.parametrize("origin", [UNLISTED, "HTTP://ALLOWED.EXAMPLE", ALLOWED + "/", "null"])
+async def test_websocket_with_unlisted_origin_is_refused_with_403(cors_server: DaphneServer, origin: str) -> None:
+    assert await ws_status(cors_server.ws_url, origin) == 403
+
+
+async def test_websocket_without_origin_is_accepted(cors_server: DaphneServer) -> None:
+    assert await ws_status(cors_server.ws_url, None) == 101
