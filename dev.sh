@@ -21,7 +21,7 @@ ensure_venv() {
 
 case "${1:-}" in
   demo)
-    ensure_venv demo .
+    ensure_venv demo ".[redis]"
     shift
     # backlog: daphne's default of 50 drops connections under bursts of clients;
     # message size: our 16 MiB body limit also applies to WebSocket messages.

@@ -35,7 +35,23 @@ ASGI_APPLICATION = "demo_project.asgi.application"
 DATABASES: dict[str, dict[str, str]] = {}
 USE_TZ = True
 
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# One process: the in-memory layer. Several workers: REDIS_URL=redis://host:6379/0 (see README,
+# "Deploying several workers"): capacity and expiry sized for ACP traffic between workers.
+REDIS_URL = os.environ.get("REDIS_URL")
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": os.environ.get("ACP_REDIS_PREFIX", "asgi"),
+            # Worker inboxes carry every cross-worker call: never let a burst fill them.
+            "channel_capacity": {"acp.worker.*": 10000},
+            "expiry": 60,
+        },
+    }
+    if REDIS_URL
+    else {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+}
 
 
 def _origins(value: str) -> list[str]:

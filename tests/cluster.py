@@ -1,0 +1,172 @@
+"""Several daphne workers behind a round-robin TCP balancer, sharing a real Redis.
+
+`RedisServer` is the machine's Redis on 127.0.0.1:6379 when it answers, or a private
+`redis-server` on a free port (always private when a test needs to stop it). `Balancer` sends
+each new TCP connection to the next worker, like a plain load balancer without sticky sessions.
+`Cluster` has the same `url`/`ws_url`/`errors()` surface as a single `DaphneServer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from tests.live import DaphneServer
+
+
+def _redis_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    port: int = 6379
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @classmethod
+    def shared_or_private(cls) -> RedisServer:
+        return cls() if _redis_answers(6379) else cls.private()
+
+    @classmethod
+    def private(cls) -> RedisServer:
+        server = cls(port=_free_port())
+        server.start()
+        return server
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
+        workdir = tempfile.mkdtemp(prefix="acp-redis-")
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", workdir],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        assert self.process.stdout is not None
+        for line in self.process.stdout:  # wait for its own readiness line
+            if b"Ready to accept connections" in line:
+                threading.Thread(target=self.process.stdout.read, daemon=True).start()
+                return
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+
+
+class Balancer:
+    """A round-robin TCP proxy on loopback, running its own event loop in a thread."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self._next = itertools.cycle(range(len(ports)))
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._server: asyncio.Server | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Balancer:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        port = self.ports[next(self._next)]
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            client_writer.close()  # that worker is down: the client sees a reset, as with a real balancer
+            return
+        await asyncio.gather(
+            self._pipe(client_reader, upstream_writer), self._pipe(upstream_reader, client_writer)
+        )
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    def stop(self) -> None:
+        def shutdown() -> None:
+            if self._server is not None:
+                self._server.close()
+            self._loop.stop()
+
+        self._loop.call_soon_threadsafe(shutdown)
+        self._thread.join(10)
+
+
+@dataclass
+class Cluster:
+    redis: RedisServer
+    size: int = 3
+    env: dict[str, str] = field(default_factory=dict)
+    workers: list[DaphneServer] = field(default_factory=list)
+    balancer: Balancer | None = None
+
+    def start(self) -> Cluster:
+        env = {"REDIS_URL": self.redis.url, "ACP_REDIS_PREFIX": f"acp-test-{uuid.uuid4().hex[:8]}:", **self.env}
+        self.workers = [DaphneServer(env=dict(env)) for _ in range(self.size)]
+        for worker in self.workers:
+            worker.start()
+        self.balancer = Balancer([worker.port for worker in self.workers]).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self.balancer is not None
+        return f"http://127.0.0.1:{self.balancer.port}/acp"
+
+    @property
+    def ws_url(self) -> str:
+        assert self.balancer is not None
+        return f"ws://127.0.0.1:{self.balancer.port}/acp"
+
+    def errors(self) -> list[str]:
+        return [line for worker in self.workers for line in worker.errors()]
+
+    def stop(self) -> None:
+        if self.balancer is not None:
+            self.balancer.stop()
+        for worker in self.workers:
+            worker.stop()

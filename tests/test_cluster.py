@@ -1,0 +1,44 @@
+"""One ACP connection served by several daphne workers sharing Redis (no sticky sessions)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.cluster import Cluster, RedisServer
+from tests.live import initialize, open_sse, post, rpc
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    redis = RedisServer.shared_or_private()
+    cluster = Cluster(redis, env={"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5"}).start()
+    yield cluster
+    cluster.stop()
+    redis.stop()
+
+
+async def test_every_request_on_a_different_worker(cluster: Cluster, http: httpx.AsyncClient) -> None:
+    a, b, c = (worker.url for worker in cluster.workers)
+    connection_id = await initialize(http, a)
+    async with open_sse(http, b, connection_id) as connection_stream, open_sse(http, c, connection_id, "s1") as s1:
+        response = await post(http, c, rpc(1, "custom/echo", {"x": 1}), connection_id)
+        assert response.status_code == 202
+        assert (await connection_stream.next())["result"] == {"method": "custom/echo", "params": {"x": 1}}
+        response = await post(http, b, rpc(2, "session/prompt", {"prompt": []}), connection_id, "s1")
+        assert response.status_code == 202
+        assert (await s1.next())["id"] == 2
+        response = await post(http, a, rpc(3, "test/burst", {"count": 2000, "sessionId": "s1"}), connection_id)
+        assert response.status_code == 202
+        items = [await s1.next() for _ in range(2000)]
+        assert [item["params"]["n"] for item in items] == list(range(2000))
+        response = await http.delete(c, headers={"Acp-Connection-Id": connection_id})
+        assert response.status_code == 202
+        await connection_stream.wait_ended()
+        await s1.wait_ended()
+    for url in (a, b, c):
+        response = await post(http, url, rpc(4, "x"), connection_id)
+        assert response.status_code == 404
+    assert not cluster.errors()
