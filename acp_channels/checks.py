@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -11,6 +11,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
+from acp_channels.agents import stdio
 from acp_channels.conf import DEFAULTS, acp_settings
 from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS
 
@@ -27,6 +28,8 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors += _check_number("MAX_BUFFERED_BYTES", int, "acp_channels.E004")
     errors += _check_number("INITIALIZE_TIMEOUT", float, "acp_channels.E005", optional=True)
     errors += _check_number("MAX_CONNECTIONS", int, "acp_channels.E006", optional=True)
+    errors += _check_number("AGENT_SHUTDOWN_GRACE", float, "acp_channels.E012", zero=True)
+    errors += _check_number("SHUTDOWN_GRACE_SECONDS", float, "acp_channels.E011")
     errors += _check_cors()
     errors += [
         Warning(
@@ -42,7 +45,15 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 
 
 def _check_agent(path: Any) -> list[CheckMessage]:
-    hint = 'Set ACP_CHANNELS["AGENT"] to the dotted path of a callable returning an acp Agent.'
+    hint = (
+        'Set ACP_CHANNELS["AGENT"] to the dotted path of a callable returning an acp Agent, or to '
+        '{"command": [program, *args], "cwd": ..., "env_passthrough": [...], "env": {...}} for a stdio agent.'
+    )
+    if isinstance(path, Mapping):
+        return [
+            Error(f"ACP_CHANNELS['AGENT'] (a stdio agent): {problem}.", hint=hint, id="acp_channels.E001")
+            for problem in stdio.setting_problems(path)
+        ]
     if not isinstance(path, str) or not path:
         return [Error("ACP_CHANNELS['AGENT'] is not set.", hint=hint, id="acp_channels.E001")]
     try:
@@ -56,13 +67,17 @@ def _check_agent(path: Any) -> list[CheckMessage]:
     return []
 
 
-def _check_number(name: str, kind: type, check_id: str, *, optional: bool = False) -> list[CheckMessage]:
+def _check_number(
+    name: str, kind: type, check_id: str, *, optional: bool = False, zero: bool = False
+) -> list[CheckMessage]:
     value: Any = getattr(acp_settings, name)
     if value is None and optional:
         return []
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or (kind is int and not isinstance(value, int)) or value <= 0:
+    if not number or (kind is int and not isinstance(value, int)) or value < 0 or (value == 0 and not zero):
         allowed = "a positive number" if kind is float else "a positive integer"
+        if zero:
+            allowed = allowed.replace("positive", "non-negative")
         return [
             Error(
                 f"ACP_CHANNELS['{name}'] must be {allowed}{' or None' if optional else ''}, not {value!r}.", id=check_id

@@ -11,9 +11,14 @@ from typing import Any, Final
 from django.conf import settings
 
 DEFAULTS: Final[dict[str, Any]] = {
-    # Dotted path to a callable returning a fresh agent for each connection: an object written
-    # with the official `acp` SDK (an Agent implementation).
+    # The agent each connection gets. A dotted path to a callable returning a fresh agent: an
+    # object written with the official `acp` SDK (an Agent implementation). Or a stdio agent
+    # program, one process per connection: {"command": [argv...], "cwd": None, "env_passthrough":
+    # [names passed through from the server's environment], "env": {extra variables}}.
     "AGENT": None,
+    # Seconds a stdio agent gets to exit after its stdin is closed, and again after SIGTERM,
+    # before it is killed.
+    "AGENT_SHUTDOWN_GRACE": 2.0,
     # Largest POST body accepted; larger gets 413 (the reference's 16 MiB).
     "MAX_BODY_BYTES": 16 * 1024 * 1024,
     # An SSE stream idle this long gets a `: ` comment so proxies and clients keep it open.
@@ -25,6 +30,9 @@ DEFAULTS: Final[dict[str, Any]] = {
     "INITIALIZE_TIMEOUT": 60.0,
     # Connections one worker process hosts at once; beyond it initialize gets 503. None: no cap.
     "MAX_CONNECTIONS": None,
+    # On SIGTERM a worker drains (refuses new connections, ends its streams cleanly, shuts its
+    # agents down) for at most this long, then exits.
+    "SHUTDOWN_GRACE_SECONDS": 10.0,
     # Browser origins allowed to use the endpoint across origins (CORS through
     # django-cors-headers, and the WebSocket Origin check). Empty: cross-origin use is off.
     "CORS_ALLOWED_ORIGINS": [],

@@ -1,24 +1,32 @@
-"""Let daphne send the headers an application gives on `websocket.accept`.
+"""What daphne needs to serve ACP well. Installed from AppConfig.ready() when daphne is present.
 
-daphne 4 drops them, so a WebSocket client never sees `Acp-Connection-Id` on the 101 (the
-reference, uvicorn and hypercorn send it), and cannot use its connection id with POST or DELETE.
-autobahn, under daphne, already accepts (subprotocol, headers) from the handshake callback; we
-only pass the headers through. Installed once from AppConfig.ready() when daphne is present.
+- Accept headers: daphne 4 drops the headers an application gives on `websocket.accept`, so a
+  WebSocket client would never see `Acp-Connection-Id` on the 101 (the reference, uvicorn and
+  hypercorn send it). autobahn already accepts (subprotocol, headers) from the handshake
+  callback; we pass the headers through.
+- Graceful SIGTERM: Twisted stops the reactor at once and daphne cancels every application,
+  which cuts open SSE streams mid-way. We take SIGTERM over once the reactor runs: drain first
+  (lifecycle.drain), then stop the reactor.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import sys
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
 def install() -> bool:
-    try:
-        from daphne.ws_protocol import WebSocketProtocol
-    except ImportError:
+    """Patch daphne if this process runs under it (importing daphne's Twisted parts anywhere
+    else could install the wrong reactor before daphne installs its own)."""
+    if "daphne.server" not in sys.modules:
         return False
+    from daphne.ws_protocol import WebSocketProtocol
+
     original = WebSocketProtocol.handle_reply
     if getattr(original, "acp_channels_patched", False):
         return True
@@ -34,4 +42,32 @@ def install() -> bool:
 
     handle_reply.acp_channels_patched = True  # type: ignore[attr-defined]
     WebSocketProtocol.handle_reply = handle_reply
+    _install_graceful_sigterm()
     return True
+
+
+def _install_graceful_sigterm() -> None:
+    from twisted.internet import reactor as twisted_reactor
+
+    reactor: Any = twisted_reactor
+
+    draining: list[asyncio.Future[None]] = []
+
+    def take_over_sigterm() -> None:
+        signal.signal(signal.SIGTERM, lambda signum, frame: reactor.callFromThread(start_draining))
+
+    def start_draining() -> None:
+        draining.append(asyncio.ensure_future(drain_then_stop()))
+
+    async def drain_then_stop() -> None:
+        from acp_channels.conf import acp_settings
+        from acp_channels.lifecycle import lifecycle
+
+        if lifecycle.draining:
+            return
+        try:
+            await lifecycle.drain(float(acp_settings.SHUTDOWN_GRACE_SECONDS))
+        finally:
+            reactor.stop()
+
+    reactor.callWhenRunning(take_over_sigterm)

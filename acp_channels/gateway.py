@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from acp_channels import protocol
 from acp_channels.agents import AgentClosed
 from acp_channels.host import ConnectionHost, Mailbox, StreamBusy, StreamLease, registry
+from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import InboundPlan, SessionHeaderError, StreamKey
 from acp_channels.worker import (
     LEASE_IDLE_LIMIT,
@@ -23,6 +24,7 @@ from acp_channels.worker import (
     TAKE_GRACE,
     TAKE_WAIT,
     WORKER_ID,
+    AgentBusy,
     HostUnreachable,
     bus,
     inbox_channel,
@@ -31,6 +33,8 @@ from acp_channels.worker import (
 
 #: How long a submit may wait for the agent to take the frame (its backpressure), after receipt.
 SUBMIT_TIMEOUT = 300.0
+#: How long ending a connection may take on its host (an agent process may need its grace).
+TERMINATE_TIMEOUT = 30.0
 
 
 class StreamReader(Protocol):
@@ -65,7 +69,10 @@ class LocalHandle:
         self.host = host
 
     async def submit(self, plan: InboundPlan) -> None:
-        await self.host.submit(plan)
+        try:
+            await asyncio.wait_for(self.host.submit(plan), SUBMIT_TIMEOUT)
+        except TimeoutError:
+            raise AgentBusy(f"the agent did not take the frame within {SUBMIT_TIMEOUT:g} s") from None
 
     async def lease(self, key: StreamKey) -> StreamReader:
         return self.host.lease(key)
@@ -111,14 +118,17 @@ class RemoteHandle:
 
     async def lease(self, key: StreamKey) -> StreamReader:
         lease_id = f"{WORKER_ID}-{next(_lease_ids)}"
-        result = await self._call("lease", 2 * RECEIPT_TIMEOUT, stream=key, lease=lease_id, reader=WORKER_ID)
+        # Receipt proves the host is alive; the answer may wait for a probe of a stale reader.
+        result = await self._call(
+            "lease", 2 * RECEIPT_TIMEOUT, receipt=True, stream=key, lease=lease_id, reader=WORKER_ID
+        )
         if result.get("error") == "busy":
             raise StreamBusy
         _active_readers.add(lease_id)
         return RemoteStream(self.worker_id, lease_id)
 
     async def terminate(self) -> None:
-        await self._call("terminate", 2 * RECEIPT_TIMEOUT)
+        await self._call("terminate", TERMINATE_TIMEOUT, receipt=True)
 
 
 class RemoteStream:
@@ -133,7 +143,7 @@ class RemoteStream:
     async def take(self, timeout: float | None) -> list[str] | None:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while True:
+        while not lifecycle.draining:  # a draining worker ends the streams it serves
             wait = TAKE_WAIT if deadline is None else max(0.0, min(TAKE_WAIT, deadline - loop.time()))
             try:
                 result = await bus.call(
@@ -150,6 +160,7 @@ class RemoteStream:
             items: list[str] = result["items"]
             if items or (deadline is not None and loop.time() >= deadline):
                 return items
+        return None
 
     def release(self) -> None:
         if self.lease_id in _active_readers:

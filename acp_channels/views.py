@@ -19,8 +19,9 @@ from acp_channels.agents import AgentClosed, create_agent_channel
 from acp_channels.conf import acp_settings
 from acp_channels.gateway import StreamReader, locate
 from acp_channels.host import AgentEnded, StreamBusy, registry
+from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import CONNECTION_HEADER, SESSION_HEADER, Frame, SessionHeaderError
-from acp_channels.worker import HostUnreachable, LayerUnavailable
+from acp_channels.worker import AgentBusy, HostUnreachable, LayerUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,9 @@ CONNECTION_REQUIRED = "Acp-Connection-Id header required"
 MUST_ACCEPT_SSE = "client must accept text/event-stream"
 STREAM_TAKEN = "outbound stream already has a subscriber"
 TOO_MANY_CONNECTIONS = "too many ACP connections on this server"
+SHUTTING_DOWN = "this server is shutting down; connect again"
 LAYER_UNAVAILABLE = "the channel layer is unavailable; try again"
+AGENT_BUSY = "the agent did not take the message in time; try again"
 
 
 @csrf_exempt
@@ -114,6 +117,8 @@ async def post(request: HttpRequest) -> HttpResponseBase:
         return text_response(404)
     except LayerUnavailable as error:
         return layer_unavailable(error)
+    except AgentBusy:
+        return text_response(503, AGENT_BUSY)
     except AgentClosed:
         return text_response(500)
     return text_response(202)
@@ -129,6 +134,8 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> Htt
         frame = plan.frame
     init_id = protocol.frame_messages(frame)[_message_index(frame, init_index)]["id"]
 
+    if lifecycle.draining:
+        return text_response(503, SHUTTING_DOWN)
     max_connections: int | None = acp_settings.MAX_CONNECTIONS
     if max_connections is not None and len(registry) >= max_connections:
         return text_response(503, TOO_MANY_CONNECTIONS)
@@ -184,6 +191,8 @@ async def open_stream(request: HttpRequest) -> HttpResponseBase:
         return text_response(404)
     except LayerUnavailable as error:
         return layer_unavailable(error)
+    except AgentBusy:
+        return text_response(503, AGENT_BUSY)
     if request.method == "HEAD":
         lease.release()
         response: HttpResponseBase = HttpResponse(content_type="text/event-stream")
@@ -208,6 +217,7 @@ async def sse_body(lease: StreamReader, keepalive: float) -> AsyncIterator[bytes
     The opening comment makes daphne send the status line and headers at once: clients wait
     for them before they POST (§13).
     """
+    lifecycle.stream_opened()
     try:
         yield protocol.SSE_OPENING
         while (items := await lease.take(keepalive)) is not None:
@@ -217,6 +227,7 @@ async def sse_body(lease: StreamReader, keepalive: float) -> AsyncIterator[bytes
                 yield protocol.SSE_KEEPALIVE
     finally:
         lease.release()
+        lifecycle.stream_closed()
 
 
 # -- DELETE ----------------------------------------------------------------------------------
@@ -235,6 +246,8 @@ async def delete(request: HttpRequest) -> HttpResponseBase:
         return text_response(404)
     except LayerUnavailable as error:
         return layer_unavailable(error)
+    except AgentBusy:
+        return text_response(503, AGENT_BUSY)
     return text_response(202)
 
 

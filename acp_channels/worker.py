@@ -35,8 +35,8 @@ logger = logging.getLogger(__name__)
 
 WORKER_ID: Final = uuid.uuid4().hex[:12]
 RECEIPT_TIMEOUT: Final = 1.5  # a live worker acknowledges receipt in milliseconds
-TAKE_WAIT: Final = 5.0  # longest a remote take waits on the host for new output
-TAKE_GRACE: Final = 2.0  # allowance for the layer on top of TAKE_WAIT
+TAKE_WAIT: Final = 3.0  # longest a remote take waits on the host for new output
+TAKE_GRACE: Final = 1.5  # allowance for the layer on top of TAKE_WAIT
 LEASE_IDLE_LIMIT: Final = TAKE_WAIT + 3 * TAKE_GRACE  # a remote reader silent this long is gone
 SEND_RETRY_SECONDS: Final = 5.0  # how long a send retries a full channel before giving up
 MAX_TAKE_BYTES: Final = 1024 * 1024  # one take reply carries at most about this much output
@@ -58,6 +58,10 @@ def worker_of(connection_id: str) -> str | None:
 
 class HostUnreachable(Exception):
     """The connection's worker did not answer (it died): the connection is gone (404)."""
+
+
+class AgentBusy(Exception):
+    """The host's worker received the call, but the agent did not take the frame in time: 503."""
 
 
 class LayerUnavailable(Exception):
@@ -129,11 +133,16 @@ class Bus:
                 **args,
             }
             await self.send(inbox_channel(worker_id), message)
-            try:
-                if received is not None:
+            if received is not None:
+                try:
                     await asyncio.wait_for(asyncio.shield(received), RECEIPT_TIMEOUT)
+                except TimeoutError:
+                    raise HostUnreachable(f"worker {worker_id} did not receive {op}") from None
+            try:
                 return await asyncio.wait_for(result, timeout)
             except TimeoutError:
+                if received is not None:
+                    raise AgentBusy(f"{op} was not done within {timeout:g} s") from None
                 raise HostUnreachable(f"worker {worker_id} did not answer {op}") from None
         finally:
             self._pending.pop(request_id, None)

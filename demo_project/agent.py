@@ -388,3 +388,14 @@ class DemoAgent:
 def create_agent() -> DemoAgent:
     """A fresh agent per ACP connection (sessions and client capabilities are per connection)."""
     return DemoAgent()
+
+
+def main() -> None:
+    """Serve the demo agent on stdin/stdout: `python -m demo_project.agent`."""
+    from acp import run_agent
+
+    asyncio.run(run_agent(create_agent(), use_unstable_protocol=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 from corsheaders.defaults import default_headers
 
@@ -58,9 +61,27 @@ def _origins(value: str) -> list[str]:
     return [origin.strip() for origin in value.split(",") if origin.strip()]
 
 
+def _agent() -> str | dict[str, Any]:
+    """ACP_AGENT: a dotted path, or a JSON object for a stdio agent command. Unset: the demo
+    agent, in-process, or as its own process per connection with ACP_DEMO_AGENT=subprocess."""
+    value = os.environ.get("ACP_AGENT", "")
+    if value.startswith("{"):
+        command: dict[str, Any] = json.loads(value)
+        return command
+    if value:
+        return value
+    if os.environ.get("ACP_DEMO_AGENT", "in-process") == "subprocess":
+        return {"command": [sys.executable, "-m", "demo_project.agent"], "cwd": str(BASE_DIR)}
+    return "demo_project.agent.create_agent"
+
+
 ACP_CHANNELS = {
-    "AGENT": os.environ.get("ACP_AGENT", "demo_project.agent.create_agent"),
+    "AGENT": _agent(),
+    "AGENT_SHUTDOWN_GRACE": float(os.environ.get("ACP_AGENT_SHUTDOWN_GRACE", "2")),
     "KEEPALIVE_SECONDS": float(os.environ.get("ACP_KEEPALIVE_SECONDS", "15")),
+    "MAX_BODY_BYTES": int(os.environ.get("ACP_MAX_BODY_BYTES", str(16 * 1024 * 1024))),
+    "MAX_BUFFERED_BYTES": int(os.environ.get("ACP_MAX_BUFFERED_BYTES", str(64 * 1024 * 1024))),
+    "SHUTDOWN_GRACE_SECONDS": float(os.environ.get("ACP_SHUTDOWN_GRACE_SECONDS", "10")),
     "CORS_ALLOWED_ORIGINS": _origins(os.environ.get("ACP_CORS_ALLOWED_ORIGINS", "")),
 }
 

@@ -28,3 +28,14 @@ def wire_server() -> Iterator[DaphneServer]:
 async def http() -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(timeout=httpx.Timeout(20.0)) as client:
         yield client
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_agent_process_left() -> Iterator[None]:
+    """After the run, no stdio agent process the tests started is still running."""
+    from tests.agent_processes import adopt_orphans, leftover_agents
+
+    adopt_orphans()
+    yield
+    left = leftover_agents()
+    assert not left, f"agent processes still running after the tests: {left}"

@@ -45,7 +45,13 @@ class DaphneServer:
         return f"ws://127.0.0.1:{self.port}/acp"
 
     def start(self, timeout: float = 30.0) -> DaphneServer:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings", **self.env}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+            "ACP_SHUTDOWN_GRACE_SECONDS": "2",  # stop() sends SIGTERM: drain briefly
+            **self.env,
+        }
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -122,6 +128,7 @@ class SseReader:
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
         self.comments = 0
+        self.error: BaseException | None = None  # set when the body ended abnormally
         self._events: asyncio.Queue[Any] = asyncio.Queue()
         self.ended = asyncio.Event()
         self._task = asyncio.create_task(self._read())
@@ -142,8 +149,10 @@ class SseReader:
                     self.comments += 1
                 elif line.startswith("data:"):
                     data.append(line[5:].removeprefix(" "))
-        except (httpx.HTTPError, asyncio.CancelledError):
+        except asyncio.CancelledError:
             pass
+        except httpx.HTTPError as error:
+            self.error = error
         finally:
             self.ended.set()
 

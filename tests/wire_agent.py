@@ -14,6 +14,7 @@ Requests it understands (everything else is echoed: result {"method": m, "params
 - test/ask: sends the client a request {"id": params.askId, "method": "test/question",
   "params": {"sessionId"?}} then replies.
 - test/exit: replies, emits params.final (a notification) if given, then ends.
+- test/block_input: replies, then stops taking input: every later send() waits (backpressure).
 A batch gets one grouped reply array of echoes (malformed call entries get -32600 slots);
 notification-only batches get nothing; malformed frames get the SDK-style -32700/-32600.
 """
@@ -34,8 +35,11 @@ class WireAgent:
         self._outbox: asyncio.Queue[Frame | None] = asyncio.Queue()
         self._received: list[str] = []
         self._closed = False
+        self._input_open = asyncio.Event()
+        self._input_open.set()
 
     async def send(self, frame: Frame) -> None:
+        await self._input_open.wait()
         if self._closed:
             raise AgentClosed("wire agent ended")
         if isinstance(frame, Single) and frame.message.get("method") == "test/received":
@@ -76,6 +80,8 @@ class WireAgent:
         elif method == "test/burst":
             for n in range(int(params.get("count", 0))):
                 item: Message = {"n": n}
+                if "tag" in params:
+                    item["tag"] = params["tag"]
                 if "sessionId" in params:
                     item["sessionId"] = params["sessionId"]
                 self._emit(Single({"jsonrpc": "2.0", "method": "test/item", "params": item}))
@@ -86,6 +92,9 @@ class WireAgent:
                 question["params"] = {"sessionId": params["sessionId"]}
             self._emit(Single(question))
             self._reply(message, {"ok": True})
+        elif method == "test/block_input":
+            self._reply(message, {"ok": True})
+            self._input_open.clear()
         elif method == "test/exit":
             self._reply(message, {"ok": True})
             if isinstance(params.get("final"), dict):
@@ -118,6 +127,7 @@ class WireAgent:
     def _end(self) -> None:
         if not self._closed:
             self._closed = True
+            self._input_open.set()
             self._outbox.put_nowait(None)
 
 

@@ -2,11 +2,13 @@
 
 The host does not know what kind of agent it talks to. An adapter turns one ACP connection's
 frames into whatever its agent speaks: an in-process agent written with the `acp` SDK
-(`acp_channels.agents.sdk`), or a scripted agent in tests.
+(`acp_channels.agents.sdk`), an agent program on stdio, one process per connection
+(`acp_channels.agents.stdio`), or a scripted agent in tests.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from acp_channels.protocol import Frame
@@ -35,15 +37,26 @@ class AgentClosed(ConnectionError):
 def create_agent_channel(connection_id: str) -> AgentChannel:
     """A new agent for one connection, from the `AGENT` setting.
 
-    The factory returns an agent written with the `acp` SDK, or an object that already speaks
-    frames (an AgentChannel: it has `send`, `receive` and `close`), used as it is.
+    A command (a dict) starts its own agent process. A dotted path names a factory that returns
+    an agent written with the `acp` SDK, or an object that already speaks frames (an
+    AgentChannel: it has `send`, `receive` and `close`), used as it is.
     """
     from django.utils.module_loading import import_string
 
     from acp_channels.agents.sdk import SdkAgentChannel
     from acp_channels.conf import acp_settings
 
-    agent = import_string(acp_settings.AGENT)()
+    setting = acp_settings.AGENT
+    if isinstance(setting, Mapping):
+        from acp_channels.agents.stdio import LINE_HEADROOM, StdioAgentChannel
+
+        return StdioAgentChannel.from_setting(
+            setting,
+            connection_id,
+            shutdown_grace=float(acp_settings.AGENT_SHUTDOWN_GRACE),
+            max_line_bytes=int(acp_settings.MAX_BODY_BYTES) + LINE_HEADROOM,
+        )
+    agent = import_string(setting)()
     if all(callable(getattr(agent, name, None)) for name in ("send", "receive", "close")):
         return agent  # type: ignore[no-any-return]
     return SdkAgentChannel(agent)

@@ -1,0 +1,619 @@
+"""Host any ACP agent program that speaks newline-delimited JSON-RPC on stdin/stdout.
+
+One process per ACP connection. The agent owns JSON-RPC semantics; this adapter only frames and
+routes: each client frame becomes one stdin line (its text as it came, so ids, batches and unknown
+methods reach the agent byte for byte), and each stdout line becomes one frame, relayed unchanged.
+
+Process hygiene:
+- every agent runs in its own session and process group, with `ACP_CHANNELS_CONNECTION_ID` in its
+  environment; on Linux it also dies with the server thread that started it (PR_SET_PDEATHSIG);
+- stopping it (close(), or its stdout ending): close stdin, wait `shutdown_grace` seconds, SIGTERM
+  to the group, wait again, SIGKILL; asyncio reaps it, so no zombie is left; once the agent is
+  gone, whatever is left of its group gets SIGTERM, then SIGKILL after the grace;
+- stderr is read all the time into the `acp_channels.agent` logger (long lines truncated, floods
+  rate-limited), so a chatty agent never blocks on it;
+- an agent that exits on its own first has all its output relayed, then every client request it
+  left unanswered gets a -32603 error naming the exit status, then receive() ends; one log line
+  tells the exit status;
+- at interpreter exit, agents still running get the same stop sequence (an atexit hook).
+
+Backpressure: receive() hands over one line at a time and nothing reads stdout ahead of it beyond
+a small buffer, so when the host stops asking (its readers are slow), the pipe fills and the agent
+blocks on its own writes. Memory per agent stays bounded by about `max_line_bytes`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import functools
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from subprocess import PIPE, SubprocessError
+from typing import Any, Final
+
+from acp_channels import protocol
+from acp_channels.agents import AgentClosed
+from acp_channels.protocol import Frame, Malformed, Single
+
+logger = logging.getLogger("acp_channels.agent")
+
+#: Set in every agent's environment: the connection it serves (for its logs, and to find it).
+CONNECTION_ENV: Final = "ACP_CHANNELS_CONNECTION_ID"
+#: Variables passed through from the server's environment when the setting names none.
+DEFAULT_ENV_PASSTHROUGH: Final = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TMPDIR",
+    "TZ",
+)
+SETTING_KEYS: Final = ("command", "cwd", "env_passthrough", "env")
+
+DEFAULT_SHUTDOWN_GRACE: Final = 2.0
+#: Agent output lines may exceed the body limit by this much (the JSON-RPC envelope of a reply).
+LINE_HEADROOM: Final = 1024 * 1024
+#: stdout/stderr are read in chunks of up to this size; a paused reader holds at most twice it.
+READ_CHUNK: Final = 256 * 1024
+STDERR_LINE_MAX: Final = 4096  # characters of one stderr line that reach the log
+STDERR_LINES_PER_SECOND: Final = 200  # beyond this, stderr lines are counted, not logged
+
+
+# -- the setting ------------------------------------------------------------------------------
+
+
+def setting_problems(spec: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a command-form AGENT setting (empty when it can be started)."""
+    problems = [f"unknown key {key!r} (known: {', '.join(SETTING_KEYS)})" for key in spec if key not in SETTING_KEYS]
+    command = spec.get("command")
+    command_ok = isinstance(command, list | tuple) and all(isinstance(arg, str) for arg in command)
+    program: str = command[0] if command_ok and command else ""
+    if not program:
+        problems.append("'command' must be a non-empty list of strings (the program and its arguments)")
+    cwd = spec.get("cwd")
+    if cwd is not None and not (isinstance(cwd, str | Path) and Path(cwd).is_dir()):
+        problems.append(f"'cwd' must be None or an existing directory, not {cwd!r}")
+        cwd = None
+    passthrough = spec.get("env_passthrough", DEFAULT_ENV_PASSTHROUGH)
+    if not (isinstance(passthrough, list | tuple) and all(isinstance(name, str) for name in passthrough)):
+        problems.append("'env_passthrough' must be a list of environment variable names")
+    extra = spec.get("env", {})
+    if not (isinstance(extra, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items())):
+        problems.append("'env' must be a dict of strings to strings")
+    if program and not problems:
+        if resolve_program(program, cwd, agent_environment(spec, "")) is None:
+            where = "as a file" if os.sep in program else "on the agent's PATH"
+            problems.append(f"the program {program!r} was not found {where} (or is not executable)")
+    return problems
+
+
+def agent_environment(spec: Mapping[str, Any], connection_id: str) -> dict[str, str]:
+    """The agent's whole environment: the allowlisted server variables, then `env`, then ours."""
+    passthrough = spec.get("env_passthrough", DEFAULT_ENV_PASSTHROUGH)
+    env = {name: os.environ[name] for name in passthrough if name in os.environ}
+    env.update(spec.get("env") or {})
+    env[CONNECTION_ENV] = connection_id
+    return env
+
+
+def resolve_program(program: str, cwd: str | Path | None, env: Mapping[str, str]) -> str | None:
+    """Where the program is, as the child will look for it: a path relative to `cwd`, or a name
+    searched on the child's PATH."""
+    if os.sep in program:
+        path = Path(cwd or ".") / program
+        return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+    return shutil.which(program, path=env.get("PATH", os.defpath))
+
+
+# -- the channel ------------------------------------------------------------------------------
+
+
+class StdioAgentChannel:
+    """One agent process serving one ACP connection (an AgentChannel)."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        cwd: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
+        connection_id: str = "",
+        shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+        max_line_bytes: int = 16 * 1024 * 1024 + LINE_HEADROOM,
+    ) -> None:
+        self.command = list(command)
+        self.connection_id = connection_id
+        self.pid: int | None = None
+        #: The exit status once the agent is gone (negative: killed by that signal).
+        self.returncode: int | None = None
+        self._grace = shutdown_grace
+        self._max_line = max_line_bytes
+        self._outbox: asyncio.Queue[Frame | None] = asyncio.Queue(maxsize=1)
+        self._pending: dict[str, list[Any]] = {}  # id key -> the ids of unanswered client requests
+        self._write_lock = asyncio.Lock()
+        self._started = asyncio.Event()  # the process was started, or could not be
+        self._exited = asyncio.Event()  # the process exited (its pipes may still be open)
+        self._stdout_ended = asyncio.Event()
+        self._stopped = asyncio.Event()  # the process is gone and reaped: returncode is known
+        self._process: asyncio.subprocess.Process | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._closing = False  # close() was called: abortive, nothing more is relayed
+        self._finished = False  # receive() has returned None
+        self._group_cleared = False
+        self._stderr = _StderrLog(self)
+        environment = {**(os.environ if env is None else env), CONNECTION_ENV: connection_id}
+        self._task = _keep(asyncio.get_running_loop().create_task(self._run(cwd, environment)))
+
+    @classmethod
+    def from_setting(
+        cls, spec: Mapping[str, Any], connection_id: str, *, shutdown_grace: float, max_line_bytes: int
+    ) -> StdioAgentChannel:
+        """A channel for the command form of `ACP_CHANNELS["AGENT"]`."""
+        return cls(
+            spec["command"],
+            cwd=spec.get("cwd"),
+            env=agent_environment(spec, connection_id),
+            connection_id=connection_id,
+            shutdown_grace=shutdown_grace,
+            max_line_bytes=max_line_bytes,
+        )
+
+    # -- AgentChannel ----------------------------------------------------------------------
+
+    async def send(self, frame: Frame) -> None:
+        await self._started.wait()
+        process = self._process
+        if self._closing or process is None or process.stdin is None or self._exited.is_set():
+            raise AgentClosed("agent process is not running")
+        line = _stdin_line(frame)
+        if line is None:  # text that cannot be one line: answered as the agent's side would
+            assert isinstance(frame, Malformed)
+            await self._outbox.put(Single(frame.error))
+            return
+        keys = self._track(frame)
+        try:
+            async with self._write_lock:
+                if self._closing or self._exited.is_set():
+                    raise ConnectionResetError("agent process is not running")
+                process.stdin.write(line)
+                await process.stdin.drain()
+        except (ConnectionError, OSError) as error:
+            self._untrack(keys)
+            raise AgentClosed("agent process is not running") from error
+
+    async def receive(self) -> Frame | None:
+        if self._finished:
+            return None
+        frame = await self._outbox.get()
+        if frame is None:
+            self._finished = True
+        return frame
+
+    async def close(self) -> None:
+        """End the connection now; the process is stopped in the background (see wait_closed)."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._pump is not None:
+            self._pump.cancel()
+        while not self._outbox.empty():  # abortive: output not yet taken is dropped
+            self._outbox.get_nowait()
+        self._outbox.put_nowait(None)
+
+    async def wait_closed(self) -> int | None:
+        """Wait until the process is gone and reaped; its exit status (None: it never started)."""
+        await asyncio.shield(self._task)
+        return self.returncode
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    async def _run(self, cwd: str | Path | None, env: dict[str, str]) -> None:
+        """Start the process, relay its output until stdout ends or close(), then stop it."""
+        loop = asyncio.get_running_loop()
+        try:
+            transport, stream_protocol = await loop.subprocess_exec(
+                lambda: _AgentProtocol(self._exited, loop),
+                *self.command,
+                stdin=PIPE,
+                stdout=PIPE,
+                stderr=PIPE,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
+        except (OSError, ValueError, SubprocessError) as error:
+            logger.error("agent for connection %s could not start %s: %s", self.connection_id, self.command, error)
+            self._started.set()
+            self._stopped.set()
+            if not self._closing:
+                self._outbox.put_nowait(None)
+            return
+        process = asyncio.subprocess.Process(transport, stream_protocol, loop)
+        self._process, self.pid = process, process.pid
+        _running[process.pid] = self
+        self._started.set()
+        assert process.stdout is not None and process.stderr is not None
+        stderr = loop.create_task(self._stderr.read(process.stderr))
+        self._pump = loop.create_task(self._relay(process.stdout))
+        if self._closing:
+            self._pump.cancel()
+        stdout_ended = loop.create_task(self._stdout_ended.wait())
+        exited = loop.create_task(self._exited.wait())
+        try:
+            # Relay until stdout ends (the agent is ending) or close() cancels the relay. If the
+            # agent exits first, what is left of its group goes, so nothing holds stdout open.
+            done, _ = await asyncio.wait([self._pump, stdout_ended, exited], return_when=asyncio.FIRST_COMPLETED)
+            if done == {exited}:
+                self._clear_group(process.pid)
+                await asyncio.wait([self._pump, stdout_ended], return_when=asyncio.FIRST_COMPLETED)
+            await self._stop(process)
+        except asyncio.CancelledError:
+            # The event loop is going away under a running agent: the atexit hook stops it.
+            for task in (self._pump, stderr, stdout_ended, exited):
+                task.cancel()
+            raise
+        finally:
+            exited.cancel()
+            stdout_ended.cancel()
+        if self._closing:
+            logger.info(
+                "agent for connection %s (pid %d) stopped: %s",
+                self.connection_id,
+                process.pid,
+                describe_status(self.returncode),
+            )
+        await asyncio.wait([stderr], timeout=self._grace)
+        stderr.cancel()
+        transport.close()
+        _running.pop(process.pid, None)
+        self._stopped.set()
+
+    async def _relay(self, stdout: asyncio.StreamReader) -> None:
+        """stdout lines -> frames, one at a time, as fast as receive() takes them; at the end,
+        once the process is gone, errors for the requests it left unanswered, then None."""
+        try:
+            while (line := await self._read_line(stdout)) is not None:
+                text = line.decode("utf-8", errors="replace").removesuffix("\r")
+                if not text.strip():
+                    continue
+                frame = protocol.parse_frame(text)
+                self._settle(frame)
+                await self._outbox.put(frame)
+        except Exception:
+            logger.exception("reading the output of the agent for connection %s failed", self.connection_id)
+        self._stdout_ended.set()
+        await self._stopped.wait()
+        for frame in self._report_exit():
+            await self._outbox.put(frame)
+        await self._outbox.put(None)
+
+    async def _read_line(self, stdout: asyncio.StreamReader) -> bytes | None:
+        """The next line without its newline, None at the end. A line longer than the limit is
+        dropped (with an error in the log), never held whole."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            complete = True
+            try:
+                part = await stdout.readuntil(b"\n")
+            except asyncio.LimitOverrunError as error:
+                part, complete = await stdout.readexactly(error.consumed), False
+            except asyncio.IncompleteReadError as error:
+                part = error.partial
+                if not part and not size:
+                    return None
+            size += len(part)
+            if size <= self._max_line + 1:
+                parts.append(part)
+            elif parts:
+                parts.clear()
+            if complete:
+                if size > self._max_line + 1:
+                    logger.error(
+                        "agent for connection %s wrote a line of %d bytes, over the %d byte limit: dropped",
+                        self.connection_id,
+                        size,
+                        self._max_line,
+                    )
+                    parts, size = [], 0
+                    continue
+                return b"".join(parts).removesuffix(b"\n")
+
+    async def _stop(self, process: asyncio.subprocess.Process) -> None:
+        """Close stdin, wait, SIGTERM, wait, SIGKILL; then clear what is left of its group."""
+        with contextlib.suppress(Exception):
+            if process.stdin is not None:
+                process.stdin.close()
+        if not await self._wait_exit(self._grace):
+            logger.info(
+                "agent for connection %s (pid %d) still running %g s after stdin closed: SIGTERM",
+                self.connection_id,
+                process.pid,
+                self._grace,
+            )
+            _signal_group(process.pid, signal.SIGTERM)
+            if not await self._wait_exit(self._grace):
+                logger.warning(
+                    "agent for connection %s (pid %d) ignored SIGTERM for %g s: SIGKILL",
+                    self.connection_id,
+                    process.pid,
+                    self._grace,
+                )
+                _signal_group(process.pid, signal.SIGKILL)
+                await self._exited.wait()
+        self.returncode = process.returncode
+        self._clear_group(process.pid)
+
+    def _clear_group(self, pgid: int) -> None:
+        """The agent is gone: SIGTERM the rest of its group now, SIGKILL after the grace."""
+        if self._group_cleared:
+            return
+        self._group_cleared = True
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            return
+        _leftover_groups.add(pgid)
+
+        def kill() -> None:
+            _leftover_groups.discard(pgid)
+            _signal_group(pgid, signal.SIGKILL)
+
+        asyncio.get_running_loop().call_later(self._grace, kill)
+
+    async def _wait_exit(self, timeout: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._exited.wait(), timeout)
+        return self._exited.is_set()
+
+    def _report_exit(self) -> list[Frame]:
+        """The agent ended on its own: one log line, and an error for each unanswered request."""
+        status = describe_status(self.returncode)
+        pending = [request_id for ids in self._pending.values() for request_id in ids]
+        self._pending.clear()
+        level = logging.INFO if self.returncode == 0 and not pending else logging.WARNING
+        last = f"; last stderr line: {self._stderr.last!r}" if self._stderr.last and level > logging.INFO else ""
+        logger.log(
+            level,
+            "agent for connection %s (pid %s) exited with %s; %d pending request(s) answered with an error%s",
+            self.connection_id,
+            self.pid,
+            status,
+            len(pending),
+            last,
+        )
+        message = f"agent process exited with {status}"
+        return [Single(protocol.error_response(request_id, protocol.INTERNAL_ERROR, message)) for request_id in pending]
+
+    # -- which client requests are unanswered ----------------------------------------------
+
+    def _track(self, frame: Frame) -> list[str]:
+        keys = []
+        for message in protocol.frame_messages(frame):
+            if "method" in message and message.get("id") is not None:
+                key = protocol.id_key(message["id"])
+                self._pending.setdefault(key, []).append(message["id"])
+                keys.append(key)
+        return keys
+
+    def _untrack(self, keys: list[str]) -> None:
+        for key in keys:
+            ids = self._pending.get(key)
+            if ids:
+                ids.pop()
+                if not ids:
+                    del self._pending[key]
+
+    def _settle(self, frame: Frame) -> None:
+        """Forget the client requests an agent frame answers."""
+        for message in protocol.frame_messages(frame):
+            if "method" not in message and message.get("id") is not None:
+                ids = self._pending.get(protocol.id_key(message["id"]))
+                if ids:
+                    ids.pop(0)
+                    if not ids:
+                        del self._pending[protocol.id_key(message["id"])]
+
+
+def describe_status(returncode: int | None) -> str:
+    if returncode is None:
+        return "an unknown status"
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-returncode).name}"
+        return f"signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def _stdin_line(frame: Frame) -> bytes | None:
+    """A client frame as one stdin line; None when its text cannot be one (not JSON, and it has
+    line breaks or is blank)."""
+    text = protocol.serialize_frame(frame)
+    if "\n" in text or "\r" in text or not text.strip():
+        if isinstance(frame, Malformed) and frame.error["error"]["code"] == protocol.PARSE_ERROR:
+            return None
+        # Valid JSON has line breaks only as whitespace between tokens: a space is the same JSON.
+        text = text.replace("\r", " ").replace("\n", " ")
+    return text.encode() + b"\n"
+
+
+class _AgentProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """The standard subprocess protocol, plus an event when the process exits (asyncio's own
+    wait() also waits for every pipe to close, which a paused stdout never does)."""
+
+    def __init__(self, exited: asyncio.Event, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=READ_CHUNK, loop=loop)
+        self._exited_event = exited
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self._exited_event.set()
+
+
+class _StderrLog:
+    """Reads an agent's stderr continuously into the log, one record per line."""
+
+    def __init__(self, channel: StdioAgentChannel) -> None:
+        self._channel = channel
+        self.last = ""
+        self._window = 0.0
+        self._logged = 0
+        self._suppressed = 0
+
+    async def read(self, stderr: asyncio.StreamReader) -> None:
+        head = bytearray()  # the start of the current line, up to STDERR_LINE_MAX bytes
+        extra = 0  # bytes of the current line beyond that
+        while chunk := await stderr.read(READ_CHUNK):
+            pieces = chunk.split(b"\n")
+            for index, piece in enumerate(pieces):
+                room = max(0, STDERR_LINE_MAX - len(head))
+                head += piece[:room]
+                extra += max(0, len(piece) - room)
+                if index < len(pieces) - 1:  # a newline ends this piece
+                    self._emit(bytes(head), extra)
+                    head.clear()
+                    extra = 0
+        if head or extra:
+            self._emit(bytes(head), extra)
+        self._flush_suppressed()
+
+    def _emit(self, line: bytes, extra: int) -> None:
+        text = line.decode("utf-8", errors="replace").rstrip("\r")
+        if extra:
+            text += f" [... {extra} more bytes]"
+        self.last = text
+        now = time.monotonic()
+        if now - self._window >= 1.0:
+            self._flush_suppressed()
+            self._window, self._logged = now, 0
+        if self._logged >= STDERR_LINES_PER_SECOND:
+            self._suppressed += 1
+            return
+        self._logged += 1
+        channel = self._channel
+        logger.info("agent %s (pid %s): %s", channel.connection_id, channel.pid, text, extra=self._extra())
+
+    def _flush_suppressed(self) -> None:
+        if self._suppressed:
+            channel = self._channel
+            logger.warning(
+                "agent %s (pid %s): %d stderr lines not logged (more than %d a second)",
+                channel.connection_id,
+                channel.pid,
+                self._suppressed,
+                STDERR_LINES_PER_SECOND,
+                extra=self._extra(),
+            )
+            self._suppressed = 0
+
+    def _extra(self) -> dict[str, Any]:
+        return {"acp_connection_id": self._channel.connection_id, "agent_pid": self._channel.pid}
+
+
+# -- process groups, and nothing outliving the server -----------------------------------------
+
+#: Agents started and not yet reaped, by pid (the atexit hook stops them).
+_running: dict[int, StdioAgentChannel] = {}
+#: Process groups whose leader is gone but that may still have members.
+_leftover_groups: set[int] = set()
+#: Tasks that must finish even when nothing else refers to them.
+_tasks: set[asyncio.Future[Any]] = set()
+
+
+def _keep(task: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+    return task
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that makes the agent get SIGKILL if the server dies first (Linux).
+
+    The kernel ties this to the thread that forks, so it is only used from the main thread
+    (where servers run their event loop): a worker thread ending would kill the agent.
+    """
+    prctl = _prctl()
+    if prctl is None or threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the server died before the call: die now
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+@functools.cache
+def _prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _exited(pid: int) -> bool:
+    """Whether a child has exited, without reaping it (asyncio's child watcher does that)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _wait_all(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (alive := [pid for pid in pids if not _exited(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return alive
+
+
+@atexit.register
+def stop_all_at_exit() -> None:
+    """The server is exiting: stop every agent still running (close stdin, wait, SIGTERM, wait,
+    SIGKILL), then kill what is left of their groups."""
+    channels = list(_running.values())
+    if channels:
+        grace = max(channel._grace for channel in channels)
+        for channel in channels:
+            stdin = channel._process.stdin if channel._process is not None else None
+            pipe = stdin.transport.get_extra_info("pipe") if stdin is not None else None
+            with contextlib.suppress(Exception):
+                if pipe is not None:
+                    pipe.close()  # the agent sees the end of its input
+        alive = _wait_all([channel.pid for channel in channels if channel.pid is not None], grace)
+        for pid in alive:
+            _signal_group(pid, signal.SIGTERM)
+        for pid in _wait_all(alive, grace):
+            _signal_group(pid, signal.SIGKILL)
+        _leftover_groups.update(channel.pid for channel in channels if channel.pid is not None)
+    for pgid in list(_leftover_groups):
+        _signal_group(pgid, signal.SIGKILL)
+    _leftover_groups.clear()
+    _running.clear()
