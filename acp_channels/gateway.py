@@ -70,7 +70,8 @@ class LocalHandle:
 
     async def submit(self, plan: InboundPlan) -> None:
         try:
-            await asyncio.wait_for(self.host.submit(plan), SUBMIT_TIMEOUT)
+            async with asyncio.timeout(SUBMIT_TIMEOUT):
+                await self.host.submit(plan)
         except TimeoutError:
             raise AgentBusy(f"the agent did not take the frame within {SUBMIT_TIMEOUT:g} s") from None
 

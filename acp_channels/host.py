@@ -113,8 +113,10 @@ class Mailbox:
         """
         if not self._items and not self.closed:
             self._wakeup.clear()
+            # asyncio.timeout, not wait_for (which can swallow a cancellation on Python 3.11).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wakeup.wait()
         if not self._items:
             return None if self.closed else []
         if max_bytes is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, StreamingHttpResponse
 from django.http.response import HttpResponseBase
@@ -142,7 +142,8 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> Htt
     host = registry.create(create_agent_channel, "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES)
     timeout: float | None = acp_settings.INITIALIZE_TIMEOUT
     try:
-        reply = await asyncio.wait_for(host.initialize(frame, init_id), timeout)
+        async with asyncio.timeout(timeout):
+            reply = await host.initialize(frame, init_id)
     except AgentClosed:
         await host.terminate()
         return text_response(500)
@@ -197,10 +198,7 @@ async def open_stream(request: HttpRequest) -> HttpResponseBase:
         lease.release()
         response: HttpResponseBase = HttpResponse(content_type="text/event-stream")
     else:
-        response = StreamingHttpResponse(
-            sse_body(lease, float(acp_settings.KEEPALIVE_SECONDS)),
-            content_type="text/event-stream",
-        )
+        response = EventStreamResponse(sse_body(lease, float(acp_settings.KEEPALIVE_SECONDS)))
         # If the body is never iterated (the client left at once), closing frees the stream.
         response._resource_closers.append(lease.release)  # type: ignore[attr-defined]
     response["Cache-Control"] = "no-cache"
@@ -211,7 +209,27 @@ async def open_stream(request: HttpRequest) -> HttpResponseBase:
     return response
 
 
-async def sse_body(lease: StreamReader, keepalive: float) -> AsyncIterator[bytes]:
+class EventStreamResponse(StreamingHttpResponse):
+    """An SSE response that always closes its event generator when the response ends.
+
+    Django wraps a streaming body in a generator of its own and closes only that one when the
+    client disconnects while a chunk is being sent; ours would then wait for the garbage
+    collector to run its `finally`, and the stream would stay leased (409) until then.
+    """
+
+    def __init__(self, events: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(events, content_type="text/event-stream")
+        self._events = events
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._events:
+                yield chunk
+        finally:
+            await self._events.aclose()
+
+
+async def sse_body(lease: StreamReader, keepalive: float) -> AsyncGenerator[bytes, None]:
     """The events of one leased stream; ends once the connection is closed and drained.
 
     The opening comment makes daphne send the status line and headers at once: clients wait

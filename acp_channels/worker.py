@@ -133,13 +133,17 @@ class Bus:
                 **args,
             }
             await self.send(inbox_channel(worker_id), message)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that arrives as the result does, and a cancelled SSE body would then run forever.
             if received is not None:
                 try:
-                    await asyncio.wait_for(asyncio.shield(received), RECEIPT_TIMEOUT)
+                    async with asyncio.timeout(RECEIPT_TIMEOUT):
+                        await asyncio.shield(received)
                 except TimeoutError:
                     raise HostUnreachable(f"worker {worker_id} did not receive {op}") from None
             try:
-                return await asyncio.wait_for(result, timeout)
+                async with asyncio.timeout(timeout):
+                    return await result
             except TimeoutError:
                 if received is not None:
                     raise AgentBusy(f"{op} was not done within {timeout:g} s") from None
@@ -154,7 +158,10 @@ class Bus:
         delay = 0.005
         while True:
             try:
-                await self.layer.send(channel, message)
+                # Shielded: redis-py can swallow a cancellation that arrives mid-command, and a
+                # cancelled caller (a client that left) must stop at once. The send finishes
+                # on its own; its message is harmless to a caller that is gone.
+                await asyncio.shield(self.layer.send(channel, message))
                 return
             except ChannelFull:
                 if time.monotonic() > deadline:

@@ -143,27 +143,32 @@ class Cluster:
     env: dict[str, str] = field(default_factory=dict)
     workers: list[DaphneServer] = field(default_factory=list)
     balancer: Balancer | None = None
+    #: Every worker's log lines, in arrival order (one list shared by all workers).
+    log: list[str] = field(default_factory=list)
 
     def start(self) -> Cluster:
         env = {"REDIS_URL": self.redis.url, "ACP_REDIS_PREFIX": f"acp-test-{uuid.uuid4().hex[:8]}:", **self.env}
-        self.workers = [DaphneServer(env=dict(env)) for _ in range(self.size)]
+        self.workers = [DaphneServer(env=dict(env), log=self.log) for _ in range(self.size)]
         for worker in self.workers:
             worker.start()
         self.balancer = Balancer([worker.port for worker in self.workers]).start()
         return self
 
     @property
-    def url(self) -> str:
+    def port(self) -> int:
         assert self.balancer is not None
-        return f"http://127.0.0.1:{self.balancer.port}/acp"
+        return self.balancer.port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/acp"
 
     @property
     def ws_url(self) -> str:
-        assert self.balancer is not None
-        return f"ws://127.0.0.1:{self.balancer.port}/acp"
+        return f"ws://127.0.0.1:{self.port}/acp"
 
     def errors(self) -> list[str]:
-        return [line for worker in self.workers for line in worker.errors()]
+        return DaphneServer(log=self.log).errors()
 
     def stop(self) -> None:
         if self.balancer is not None:

@@ -5,28 +5,50 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
+from tests.cluster import Cluster, RedisServer
 from tests.live import DaphneServer
 
+WIRE_ENV = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5"}
+#: Every live test runs against one daphne process, and again through three daphne workers
+#: sharing Redis behind a round-robin balancer (no sticky sessions).
+SHAPES = ["one-worker", "three-workers"]
+
 
 @pytest.fixture(scope="session")
-def demo_server() -> Iterator[DaphneServer]:
-    """daphne serving the demo agent (the quickstart's server)."""
-    server = DaphneServer().start()
+def redis_server() -> Iterator[RedisServer]:
+    redis = RedisServer.shared_or_private()
+    yield redis
+    redis.stop()
+
+
+def _serve(shape: str, env: dict[str, str], request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
+    server: DaphneServer | Cluster
+    if shape == "one-worker":
+        server = DaphneServer(env=env).start()
+    else:
+        server = Cluster(request.getfixturevalue("redis_server"), env=env).start()
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def wire_server() -> Iterator[DaphneServer]:
-    """daphne serving tests.wire_agent, with a short keep-alive and a small body limit knob."""
-    server = DaphneServer(env={"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5"}).start()
-    yield server
-    server.stop()
+@pytest.fixture(scope="session", params=SHAPES)
+def demo_server(request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
+    """The demo agent (the quickstart's server)."""
+    yield from _serve(request.param, {}, request)
+
+
+@pytest.fixture(scope="session", params=SHAPES)
+def wire_server(request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
+    """tests.wire_agent, with a short keep-alive."""
+    yield from _serve(request.param, WIRE_ENV, request)
 
 
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=httpx.Timeout(20.0)) as client:
+    # No keep-alive: each request is a new TCP connection, so through the balancer consecutive
+    # requests of one ACP connection land on different workers.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(20.0), limits=limits) as client:
         yield client
 
 

@@ -196,6 +196,7 @@ async def test_stream_headers_and_echoed_session(http: httpx.AsyncClient, url: s
             assert response.headers.get("acp-session-id") == session_id
         finally:
             await response.aclose()
+        await wait_released(http, url, connection_id, session_id)  # noticed asynchronously
     # the empty session id is its own stream, apart from the connection stream
     async with open_sse(http, url, connection_id) as stream, open_sse(http, url, connection_id, "") as empty:
         await marker(http, url, connection_id, empty, "")

@@ -1,0 +1,44 @@
+"""A Python ACP client for the ACP HTTP transport: POST+SSE or one WebSocket.
+
+    import acp
+    from acp_channels.client import HttpClient
+
+    conn = acp.connect_to_agent(MyClient(), HttpClient("http://127.0.0.1:8000"))
+
+No Django here: a client needs only httpx, websockets and (for the terminal client) `acp`.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    AcpClientError,
+    ClientUsageError,
+    HttpStatusError,
+    NetworkError,
+    ProtocolViolationError,
+    StreamEndedError,
+    TransportClosedError,
+    TransportError,
+    TransportTimeoutError,
+    WebSocketClosedError,
+)
+from .http_client import DEFAULT_TIMEOUT, HttpClient, resolve_endpoint
+from .transport_http import ReconnectPolicy, StreamDrop
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "AcpClientError",
+    "ClientUsageError",
+    "HttpClient",
+    "HttpStatusError",
+    "NetworkError",
+    "ProtocolViolationError",
+    "ReconnectPolicy",
+    "StreamDrop",
+    "StreamEndedError",
+    "TransportClosedError",
+    "TransportError",
+    "TransportTimeoutError",
+    "WebSocketClosedError",
+    "resolve_endpoint",
+]

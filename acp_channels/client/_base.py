@@ -1,0 +1,102 @@
+"""What the HTTP and WebSocket transports share: the inbox of received frames, the end state,
+and turning a received text into a frame (malformed text becomes a JSON-RPC error object)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any, Final, TypeAlias
+
+from acp_channels import protocol
+from acp_channels.protocol import Batch, Malformed, MalformedEntry, Single
+
+from .errors import ClientUsageError, TransportClosedError, TransportError
+
+__all__ = ["FrameValue", "Inbox", "frame_value_for_send", "received_value"]
+
+#: A JSON-RPC frame as Python values: one message (a dict) or a batch (a list).
+FrameValue: TypeAlias = dict[str, Any] | list[Any]
+
+_END: Final = object()
+
+
+def received_value(text: str) -> FrameValue:
+    """The frame a received text stands for. Malformed text is passed up as the error the
+    reference would answer it with: -32700 (with `data.line`) for bad JSON, -32600 otherwise."""
+    frame = protocol.parse_frame(text)
+    if isinstance(frame, Malformed):
+        return frame.error
+    value: FrameValue = protocol.frame_value(frame)
+    return value
+
+
+def frame_value_for_send(frame: Any) -> FrameValue:
+    """Check that `frame` is something the transports can send: a dict or a non-empty list."""
+    if isinstance(frame, dict):
+        return frame
+    if isinstance(frame, list) and frame:
+        return frame
+    raise ClientUsageError("a frame is a JSON-RPC message (dict) or a non-empty batch (list)")
+
+
+def split_batch(value: list[Any]) -> list[dict[str, Any]]:
+    """Batch entries as messages for a message-level reader (the `acp` SDK takes no arrays).
+    An entry that is not even an object becomes an -32600 error object."""
+    frame = protocol.frame_from_value(value)
+    assert isinstance(frame, Batch)
+    return [
+        entry
+        if isinstance(entry, dict)
+        else entry.value
+        if isinstance(entry, MalformedEntry) and isinstance(entry.value, dict)
+        else protocol.error_response(None, protocol.INVALID_REQUEST, "Invalid Request", {"entry": entry.value})
+        for entry in frame.entries
+    ]
+
+
+class Inbox:
+    """Received frames in arrival order, then the end: None after a local close, or the error
+    that ended the transport (raised once to a reader, then as TransportClosedError)."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._split: collections.deque[dict[str, Any]] = collections.deque()
+        self._ended = False
+        self._error: TransportError | None = None
+        self._error_raised = False
+
+    def put(self, value: FrameValue) -> None:
+        if not self._ended:
+            self._queue.put_nowait(value)
+
+    def end(self, error: TransportError | None = None) -> None:
+        if not self._ended:
+            self._ended = True
+            self._error = error
+            self._queue.put_nowait(_END)
+
+    async def get_frame(self) -> FrameValue | None:
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # every later reader sees the end too
+            if self._error is None:
+                return None
+            if not self._error_raised:
+                self._error_raised = True
+                raise self._error
+            raise TransportClosedError(f"transport failed: {self._error}") from self._error
+        value: FrameValue = item
+        return value
+
+    async def get_message(self) -> dict[str, Any] | None:
+        while not self._split:
+            frame = await self.get_frame()
+            if frame is None or isinstance(frame, dict):
+                return frame
+            self._split.extend(split_batch(frame))
+        return self._split.popleft()
+
+
+def single_of(value: FrameValue) -> Single | None:
+    frame = protocol.frame_from_value(value)
+    return frame if isinstance(frame, Single) else None

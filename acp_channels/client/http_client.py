@@ -1,0 +1,163 @@
+"""`HttpClient`: one ACP client transport for both shapes of the ACP HTTP transport.
+
+    HttpClient("http://host:8000")        # POST + SSE on http://host:8000/acp
+    HttpClient("wss://host/agents/acp")   # one WebSocket on that URL
+
+It is an `acp` SDK transport (`send(dict)`, `receive() -> dict | None`, `close()`), so
+`acp.connect_to_agent(my_client, HttpClient(url))` talks to a remote agent, and it is an async
+context manager for sending and receiving raw JSON-RPC frames (`receive_frame()` keeps batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from ._base import FrameValue
+from .errors import ClientUsageError, TransportError
+from .transport_http import HttpTransport, ReconnectPolicy
+from .transport_ws import WebSocketTransport
+
+__all__ = ["DEFAULT_TIMEOUT", "HttpClient", "resolve_endpoint"]
+
+DEFAULT_TIMEOUT = 30.0
+_SCHEMES: dict[str, Literal["http", "ws"]] = {"http": "http", "https": "http", "ws": "ws", "wss": "ws"}
+
+
+def resolve_endpoint(url: str, *, exact: bool = False) -> tuple[str, Literal["http", "ws"]]:
+    """The endpoint URL and the transport its scheme selects. `/acp` is appended to the path
+    unless it already ends with it (exact=True keeps the URL as given, query included)."""
+    parts = urlsplit(url)
+    kind = _SCHEMES.get(parts.scheme.lower())
+    if kind is None or not parts.netloc:
+        raise ClientUsageError(f"not an http(s):// or ws(s):// URL: {url!r}")
+    if exact:
+        return url, kind
+    path = parts.path.rstrip("/")
+    if not path.endswith("/acp"):
+        path += "/acp"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, "")), kind
+
+
+class HttpClient:
+    """An ACP client transport over HTTP+SSE (http/https URLs) or WebSocket (ws/wss URLs).
+
+    Args:
+        url: the server; `/acp` is appended unless the path already ends with it.
+        headers: sent on every request and on the WebSocket upgrade (e.g. Authorization).
+        timeout: seconds for each POST/DELETE answer, for a stream's response headers, and for
+            the WebSocket handshake; None waits forever. A timeout is fatal.
+        stream_idle_timeout: HTTP only; an SSE stream silent this long counts as dropped
+            (servers send keep-alives every 15 s). None (default) never gives up.
+        cookies: initial cookies; cookies the server sets are kept for the connection.
+        http_client: an `httpx.AsyncClient` to use (HTTP only; not closed by us).
+        reconnect: HTTP only; a `ReconnectPolicy` for dropped SSE streams (default: fatal).
+        max_message_size: the largest message accepted (SSE event or WebSocket message).
+        exact_url: use `url` as is, without appending `/acp`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        stream_idle_timeout: float | None = None,
+        cookies: httpx.Cookies | dict[str, str] | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        reconnect: ReconnectPolicy | None = None,
+        max_message_size: int = 64 * 1024 * 1024,
+        exact_url: bool = False,
+    ) -> None:
+        self.url, self.kind = resolve_endpoint(url, exact=exact_url)
+        self._transport: HttpTransport | WebSocketTransport
+        if self.kind == "http":
+            self._transport = HttpTransport(
+                self.url,
+                headers=headers,
+                timeout=timeout,
+                stream_idle_timeout=stream_idle_timeout,
+                http_client=http_client,
+                cookies=cookies,
+                reconnect=reconnect,
+                max_message_size=max_message_size,
+            )
+        else:
+            if http_client is not None or reconnect is not None or stream_idle_timeout is not None:
+                raise ClientUsageError("http_client, reconnect and stream_idle_timeout are for http(s):// URLs")
+            self._transport = WebSocketTransport(
+                self.url, headers=headers, timeout=timeout, cookies=cookies, max_message_size=max_message_size
+            )
+
+    def __repr__(self) -> str:
+        return f"HttpClient({self.url!r}, kind={self.kind!r}, connection_id={self.connection_id!r})"
+
+    @property
+    def transport(self) -> HttpTransport | WebSocketTransport:
+        """The transport doing the work (HttpTransport or WebSocketTransport)."""
+        return self._transport
+
+    @property
+    def connection_id(self) -> str | None:
+        """`Acp-Connection-Id` of the connection (WebSocket: from the 101, when the server sent it)."""
+        return self._transport.connection_id
+
+    @property
+    def error(self) -> TransportError | None:
+        """The error that ended the transport, if one did."""
+        return self._transport.error
+
+    @property
+    def closed(self) -> bool:
+        """True once closed or failed."""
+        return self._transport.closed
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self._transport.cookies
+
+    async def wait_failed(self) -> TransportError:
+        """Wait until the transport fails (never returns after a clean close); returns the error."""
+        return await self._transport.wait_failed()
+
+    async def connect(self) -> None:
+        """Open the WebSocket now (HTTP: nothing to do). The first send does it otherwise."""
+        await self._transport.connect()
+
+    async def send(self, message: FrameValue) -> None:
+        """Send one frame: a JSON-RPC message (dict) or a batch (list).
+
+        HTTP: returns once the server accepted the POST (2xx). Raises `ClientUsageError` for a
+        frame the transport refuses (nothing sent) and a `TransportError` when it failed."""
+        await self._transport.send(message)
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next message received (a batch is handed out entry by entry), or None once the
+        transport was closed. Raises the `TransportError` that ended the transport."""
+        return await self._transport.receive()
+
+    async def receive_frame(self) -> FrameValue | None:
+        """Like `receive`, but a batch comes as the list it arrived as."""
+        return await self._transport.receive_frame()
+
+    async def close(self) -> None:
+        """Finish sends under way, then DELETE the connection (HTTP) or close the socket (WS)."""
+        await self._transport.close()
+
+    async def __aenter__(self) -> HttpClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def __aiter__(self) -> AsyncIterator[FrameValue]:
+        """Frames as they arrive, until the transport is closed (a failure is raised)."""
+        while (frame := await self.receive_frame()) is not None:
+            yield frame

@@ -1,0 +1,35 @@
+"""Peer server for the client tests: the official Python SDK server (`acp.http.asgi.create_asgi_app`,
+agent-client-protocol 0.12.1) under uvicorn, hosting the demo agent, on 127.0.0.1.
+
+    python -m tests.peers.py_sdk_server [PORT]     # 0 (default) picks a free port
+
+Binds the socket itself and prints `LISTENING <port>` before serving: connections made before
+uvicorn's loop runs wait in the listen backlog, so the line is a readiness signal.
+The app ignores the path, so `/acp` works like any other.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import uvicorn
+from acp.http.asgi import create_asgi_app
+
+from demo_project.agent import create_agent
+
+
+def main() -> None:
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(2048)
+    print(f"LISTENING {sock.getsockname()[1]}", flush=True)
+    app = create_asgi_app(lambda connection: create_agent())
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws_max_size=64 * 1024 * 1024)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()
