@@ -10,7 +10,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
@@ -54,7 +54,20 @@ async def dispatch(request: HttpRequest) -> HttpResponseBase:
         return await delete(request)
     if request.method == "OPTIONS" and cors.cors_enabled():
         return cors.preflight_response()
-    return HttpResponseNotAllowed(ALLOWED_METHODS)
+    return method_not_allowed()
+
+
+def method_not_allowed() -> HttpResponse:
+    response = text_response(405)
+    response["Allow"] = ",".join(ALLOWED_METHODS)
+    return response
+
+
+async def health(request: HttpRequest) -> HttpResponse:
+    """GET /health: 200 `ok`, as the reference serves by default (§2)."""
+    if request.method not in ("GET", "HEAD"):
+        return text_response(405)
+    return text_response(200, "ok")
 
 
 def text_response(status: int, body: str = "") -> HttpResponse:
@@ -74,7 +87,15 @@ def json_response(body: str, connection_id: str | None = None) -> HttpResponse:
 
 
 def header(request: HttpRequest, name: str) -> str | None:
-    return protocol.header_value(request.headers.get(name))
+    """The first value of a header (§3.1); Django's request.headers would join repeats."""
+    scope = getattr(request, "scope", None)
+    if scope is None:
+        return protocol.header_value(request.headers.get(name))
+    key = name.encode("latin-1")
+    for header_name, value in scope["headers"]:
+        if header_name == key:
+            return protocol.header_value(value.decode("latin-1"))
+    return None
 
 
 # -- POST ------------------------------------------------------------------------------------

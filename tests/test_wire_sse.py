@@ -142,7 +142,6 @@ async def test_accept_only_has_to_contain_text_event_stream(
     assert response.status_code == 200
 
 
-@pytest.mark.xfail(strict=True, reason="bug: repeated Accept headers are joined by Django; the first value must decide")
 async def test_only_the_first_accept_value_counts(http: httpx.AsyncClient, url: str, connection_id: str) -> None:
     headers = [("Accept", "*/*"), ("Accept", "text/event-stream"), ("Acp-Connection-Id", connection_id)]
     response = await http.head(url, headers=headers)
