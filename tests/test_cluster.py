@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -42,3 +43,18 @@ async def test_every_request_on_a_different_worker(cluster: Cluster, http: httpx
         response = await post(http, url, rpc(4, "x"), connection_id)
         assert response.status_code == 404
     assert not cluster.errors()
+
+
+async def test_posts_acknowledged_one_by_one_reach_the_agent_in_order(
+    cluster: Cluster, http: httpx.AsyncClient
+) -> None:
+    urls = [worker.url for worker in cluster.workers]
+    connection_id = await initialize(http, urls[0])
+    for n in range(60):  # each POST lands on another worker; each waits for its 202
+        note = {"jsonrpc": "2.0", "method": "custom/note", "params": {"n": n}}
+        assert (await post(http, urls[n % 3], note, connection_id)).status_code == 202
+    async with open_sse(http, urls[1], connection_id) as reader:
+        assert (await post(http, urls[2], rpc(1, "test/received"), connection_id)).status_code == 202
+        frames = (await reader.next())["result"]["frames"]
+    notes = [json.loads(frame)["params"]["n"] for frame in frames if "custom/note" in frame]
+    assert notes == list(range(60))
