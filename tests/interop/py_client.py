@@ -79,9 +79,18 @@ class DemoClient:
 
     updates: list[tuple[str, Any]] = field(default_factory=list)
     permission_requests: list[dict[str, Any]] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         self.updates.append((session_id, update))
+        self.arrived.set()
+
+    async def wait_for_chunks(self, count: int) -> None:
+        """The SDK runs each notification handler as its own task, so a reply can overtake the
+        updates that arrived just before it (in the same network read); wait for them."""
+        while sum(isinstance(update, AgentMessageChunk) for _, update in self.updates) < count:
+            self.arrived.clear()
+            await self.arrived.wait()
 
     async def request_permission(
         self,
@@ -262,6 +271,7 @@ async def scenario(url: str, seconds: float, summary: dict[str, Any], http_clien
         started = time.monotonic()
         prompt = [text_block(f"stream {STREAM_COUNT} {STREAM_SIZE}")]
         response = await step("prompt stream", conn.prompt(session_id=session_id, prompt=prompt), seconds)
+        await step("stream updates", client.wait_for_chunks(STREAM_COUNT), seconds)
         summary["streamMs"] = round((time.monotonic() - started) * 1000)
         texts = chunk_texts(client.take_updates(), session_id)
         summary["chunks"] = len(texts)
@@ -275,6 +285,7 @@ async def scenario(url: str, seconds: float, summary: dict[str, Any], http_clien
         # permission, answered with `allow`
         prompt = [text_block("permission")]
         response = await step("prompt permission", conn.prompt(session_id=session_id, prompt=prompt), seconds)
+        await step("permission update", client.wait_for_chunks(1), seconds)
         texts = chunk_texts(client.take_updates(), session_id)
         summary["permission"] = texts[-1] if texts else None
         summary["permissionStopReason"] = response.stop_reason
