@@ -30,6 +30,9 @@ DEFAULTS: Final[dict[str, Any]] = {
     "INITIALIZE_TIMEOUT": 60.0,
     # Connections one worker process hosts at once; beyond it initialize gets 503. None: no cap.
     "MAX_CONNECTIONS": None,
+    # A connection with no POST and no stream reader for this long is ended (its agent shut
+    # down), as if DELETEd: clients that vanish do not keep agents forever. None: never.
+    "IDLE_TIMEOUT_SECONDS": 3600.0,
     # On SIGTERM a worker drains (refuses new connections, ends its streams cleanly, shuts its
     # agents down) for at most this long, then exits.
     "SHUTDOWN_GRACE_SECONDS": 10.0,

@@ -178,6 +178,7 @@ class ConnectionHost:
         self._router: asyncio.Task[None] | None = None
         self._on_end = on_end
         self.ended = asyncio.Event()
+        self.last_active = asyncio.get_running_loop().time()
 
     # -- inbound -----------------------------------------------------------------------------
 
@@ -188,6 +189,7 @@ class ConnectionHost:
         """
         if self.ended.is_set():
             raise AgentClosed("connection ended")
+        self.last_active = asyncio.get_running_loop().time()
         self._match_responses(plan)
         for session_id in plan.sessions:
             self.stream(session_id)
@@ -295,6 +297,12 @@ class ConnectionHost:
 
     # -- lifetime ----------------------------------------------------------------------------
 
+    def idle_since(self, now: float) -> float:
+        """Seconds without POSTs and without any stream reader (a reader keeps it alive)."""
+        if self.transport == "websocket" or any(mailbox.leased for mailbox in self._streams.values()):
+            self.last_active = now  # the socket or a reader is there: not idle
+        return now - self.last_active
+
     def _end(self) -> None:
         """Close every stream (readers drain what is queued, then end) and unregister."""
         if self.ended.is_set():
@@ -318,6 +326,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._hosts: dict[str, ConnectionHost] = {}
+        self._reaper: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self._hosts)
@@ -339,7 +348,31 @@ class Registry:
             on_end=self._forget,
         )
         self._hosts[connection_id] = host
+        self._ensure_reaper()
         return host
+
+    def _ensure_reaper(self) -> None:
+        from acp_channels.conf import acp_settings
+
+        timeout: float | None = acp_settings.IDLE_TIMEOUT_SECONDS
+        loop = asyncio.get_running_loop()
+        if timeout is None or (
+            self._reaper is not None and not self._reaper.done() and self._reaper.get_loop() is loop
+        ):
+            return
+        self._reaper = loop.create_task(self._reap(float(timeout)), name="acp-idle-reaper")
+
+    async def _reap(self, timeout: float) -> None:
+        """End connections nobody uses: no POST and no stream reader for `timeout` seconds
+        (a client that vanished without DELETE would otherwise keep its agent forever)."""
+        loop = asyncio.get_running_loop()
+        while self._hosts:
+            await asyncio.sleep(min(timeout / 2, 30.0))  # a sweep interval, not a wait for an event
+            now = loop.time()
+            for host in list(self._hosts.values()):
+                if host.idle_since(now) > timeout:
+                    logger.info("connection %s idle for %.0f s: ending it", host.connection_id, timeout)
+                    await host.terminate()
 
     def _forget(self, host: ConnectionHost) -> None:
         if self._hosts.get(host.connection_id) is host:

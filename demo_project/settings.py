@@ -82,6 +82,7 @@ ACP_CHANNELS = {
     "MAX_BODY_BYTES": int(os.environ.get("ACP_MAX_BODY_BYTES", str(16 * 1024 * 1024))),
     "MAX_BUFFERED_BYTES": int(os.environ.get("ACP_MAX_BUFFERED_BYTES", str(64 * 1024 * 1024))),
     "SHUTDOWN_GRACE_SECONDS": float(os.environ.get("ACP_SHUTDOWN_GRACE_SECONDS", "10")),
+    "IDLE_TIMEOUT_SECONDS": float(os.environ.get("ACP_IDLE_TIMEOUT_SECONDS", "3600")),
     "CORS_ALLOWED_ORIGINS": _origins(os.environ.get("ACP_CORS_ALLOWED_ORIGINS", "")),
 }
 
