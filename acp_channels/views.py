@@ -134,12 +134,8 @@ async def post(request: HttpRequest) -> HttpResponseBase:
         await handle.submit(plan)
     except SessionHeaderError as error:
         return text_response(400, str(error))
-    except HostUnreachable:
-        return text_response(404)
-    except LayerUnavailable as error:
-        return layer_unavailable(error)
-    except AgentBusy:
-        return text_response(503, AGENT_BUSY)
+    except REACHING_THE_HOST as error:
+        return host_unavailable(error)
     except AgentClosed:
         return text_response(500)
     return text_response(202)
@@ -209,12 +205,8 @@ async def open_stream(request: HttpRequest) -> HttpResponseBase:
         lease = await handle.lease(session_id)
     except StreamBusy:
         return text_response(409, STREAM_TAKEN)
-    except HostUnreachable:
-        return text_response(404)
-    except LayerUnavailable as error:
-        return layer_unavailable(error)
-    except AgentBusy:
-        return text_response(503, AGENT_BUSY)
+    except REACHING_THE_HOST as error:
+        return host_unavailable(error)
     if request.method == "HEAD":
         lease.release()
         response: HttpResponseBase = HttpResponse(content_type="text/event-stream")
@@ -281,15 +273,20 @@ async def delete(request: HttpRequest) -> HttpResponseBase:
         return text_response(404)
     try:
         await handle.terminate()
-    except HostUnreachable:
-        return text_response(404)
-    except LayerUnavailable as error:
-        return layer_unavailable(error)
-    except AgentBusy:
-        return text_response(503, AGENT_BUSY)
+    except REACHING_THE_HOST as error:
+        return host_unavailable(error)
     return text_response(202)
 
 
-def layer_unavailable(error: LayerUnavailable) -> HttpResponse:
-    logger.warning("channel layer unavailable: %s", error)
-    return text_response(503, LAYER_UNAVAILABLE)
+#: What can go wrong reaching a host on another worker.
+REACHING_THE_HOST = (HostUnreachable, LayerUnavailable, AgentBusy)
+
+
+def host_unavailable(error: Exception) -> HttpResponse:
+    """The host's worker is gone (404), the layer is down, or the agent is stuck (503)."""
+    if isinstance(error, HostUnreachable):
+        return text_response(404)
+    if isinstance(error, LayerUnavailable):
+        logger.warning("channel layer unavailable: %s", error)
+        return text_response(503, LAYER_UNAVAILABLE)
+    return text_response(503, AGENT_BUSY)

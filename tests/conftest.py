@@ -43,6 +43,19 @@ def wire_server(request: pytest.FixtureRequest) -> Iterator[DaphneServer | Clust
     yield from _serve(request.param, WIRE_ENV, request)
 
 
+@pytest.fixture(scope="module")
+def wire_log_stays_clean(wire_server: DaphneServer | Cluster) -> Iterator[None]:
+    """No traceback and no 500 in the wire server's log while the module using it ran."""
+    start = len(wire_server.log)
+    yield
+    assert DaphneServer(log=wire_server.log[start:]).errors() == []
+
+
+@pytest.fixture
+def url(wire_server: DaphneServer | Cluster) -> str:
+    return wire_server.url
+
+
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
     # No keep-alive: each request is a new TCP connection, so through the balancer consecutive

@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import httpx
 
@@ -28,63 +28,46 @@ LISTENING = re.compile(r"Listening on TCP address [\d.]+:(\d+)")
 
 
 @dataclass
-class DaphneServer:
-    """One daphne worker process serving the demo project."""
+class ServerProcess:
+    """A server process on loopback that logs its port once it listens; `start()` waits for that
+    line (an event, not a sleep) and `log` keeps everything it printed."""
 
-    env: dict[str, str] = field(default_factory=dict)
+    listening: ClassVar[re.Pattern[str]]
+    #: Read the process's log from stderr only (stdout discarded), or stdout with stderr merged.
+    log_from_stderr: ClassVar[bool] = False
     port: int = 0
     process: subprocess.Popen[str] | None = None
     log: list[str] = field(default_factory=list)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/acp"
+    def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
+        """argv, working directory and environment."""
+        raise NotImplementedError
 
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/acp"
-
-    def start(self, timeout: float = 30.0) -> DaphneServer:
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "DJANGO_SETTINGS_MODULE": "demo_project.settings",
-            "ACP_SHUTDOWN_GRACE_SECONDS": "2",  # stop() sends SIGTERM: drain briefly
-            **self.env,
-        }
+    def start(self, timeout: float = 30.0) -> Self:
+        argv, cwd, env = self.command()
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-e",
-                "tcp:port=0:interface=127.0.0.1:backlog=2048",
-                "--websocket_timeout",
-                "-1",
-                "--websocket-max-message-size",
-                str(MAX_MESSAGE),
-                "--websocket-max-frame-size",
-                str(MAX_MESSAGE),
-                "demo_project.asgi:application",
-            ],
-            cwd=ROOT,
+            argv,
+            cwd=cwd,
             env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL if self.log_from_stderr else subprocess.PIPE,
+            stderr=subprocess.PIPE if self.log_from_stderr else subprocess.STDOUT,
             text=True,
         )
         ready = threading.Event()
         threading.Thread(target=self._pump, args=(ready,), daemon=True).start()
         if not ready.wait(timeout) or not self.port:
             self.stop()
-            raise RuntimeError("daphne did not start:\n" + "".join(self.log))
+            raise RuntimeError(f"{argv} did not start:\n" + "".join(self.log))
         return self
 
     def _pump(self, ready: threading.Event) -> None:
-        assert self.process is not None and self.process.stderr is not None
-        for line in self.process.stderr:
+        assert self.process is not None
+        output = self.process.stderr if self.log_from_stderr else self.process.stdout
+        assert output is not None
+        for line in output:
             self.log.append(line)
-            if not self.port and (match := LISTENING.search(line)):
+            if not self.port and (match := self.listening.search(line)):
                 self.port = int(match.group(1))
                 ready.set()
         ready.set()
@@ -97,6 +80,41 @@ class DaphneServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+@dataclass
+class DaphneServer(ServerProcess):
+    """One daphne worker process serving the demo project."""
+
+    listening: ClassVar[re.Pattern[str]] = LISTENING
+    log_from_stderr: ClassVar[bool] = True  # Django's and our logging; not the access log
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/acp"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/acp"
+
+    def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+            "ACP_SHUTDOWN_GRACE_SECONDS": "2",  # stop() sends SIGTERM: drain briefly
+            **self.env,
+        }
+        daphne = [
+            sys.executable, "-m", "daphne",
+            "-e", "tcp:port=0:interface=127.0.0.1:backlog=2048",
+            "--websocket_timeout", "-1",
+            "--websocket-max-message-size", str(MAX_MESSAGE),
+            "--websocket-max-frame-size", str(MAX_MESSAGE),
+            "demo_project.asgi:application",
+        ]  # fmt: skip
+        return daphne, ROOT, env
 
     def errors(self) -> list[str]:
         """Tracebacks and server errors in the log (a 500 must never happen silently)."""

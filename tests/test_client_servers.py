@@ -47,12 +47,21 @@ class RecordingClient:
     texts: list[str] = field(default_factory=list)
     tool_statuses: list[str] = field(default_factory=list)
     permissions: list[list[str]] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         if isinstance(update, AgentMessageChunk) and isinstance(update.content, TextContentBlock):
             self.texts.append(update.content.text)
         elif isinstance(update, ToolCallStart | ToolCallProgress) and update.status:
             self.tool_statuses.append(update.status)
+        self.arrived.set()
+
+    async def settle(self, texts: int, statuses: int = 0) -> None:
+        """The SDK handles each notification in a task of its own, so the prompt's reply can
+        overtake updates that arrived just before it (in one read): wait for them."""
+        while len(self.texts) < texts or len(self.tool_statuses) < statuses:
+            self.arrived.clear()
+            await self.arrived.wait()
 
     async def request_permission(
         self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption], **kwargs: Any
@@ -107,19 +116,23 @@ async def run_scenario(url: str, tmp_path: Path) -> WatchedClient:
             return str(response.stop_reason)
 
         assert await prompt("echo hello over the wire") == "end_turn"
+        await step(recorder.settle(1))
         assert recorder.take() == ["hello over the wire"]
 
         assert await prompt("stream 20 32") == "end_turn"
+        await step(recorder.settle(20))
         chunks = recorder.take()
         assert len(chunks) == 20 and all(len(chunk) == 32 for chunk in chunks)
         assert [int(re.match(r"\d+", chunk).group()) for chunk in chunks] == list(range(20))  # type: ignore[union-attr]
 
         assert await prompt("tool_calls") == "end_turn"
+        await step(recorder.settle(1, statuses=3))
         assert recorder.tool_statuses == ["pending", "in_progress", "completed"]
         assert recorder.take() == ["tool call completed"]
 
         assert await prompt("permission") == "end_turn"
         assert recorder.permissions == [["allow", "reject"]]
+        await step(recorder.settle(1))
         assert recorder.take() == ["permission: allow"]
 
         with pytest.raises(acp.RequestError) as failed:

@@ -143,7 +143,7 @@ def test_terminal_against_the_typescript_sdk_server_over_websocket(
 def test_terminal_reports_a_server_that_goes_away(terminal_log: list[pexpect.spawn]) -> None:
     """The official Python SDK server (its own process here, so it can be killed)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    server = PeerServer([sys.executable, "-m", "tests.peers.py_sdk_server"], ROOT, env).start()
+    server = PeerServer(argv=[sys.executable, "-m", "tests.peers.py_sdk_server"], cwd=ROOT, env=env).start()
     try:
         child = spawn(f"http://127.0.0.1:{server.port}")
         terminal_log.append(child)

@@ -11,7 +11,7 @@ import itertools
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -45,17 +45,7 @@ INIT_RESULT = {"protocolVersion": 1, "agentCapabilities": {}}
 _ids = itertools.count()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def clean_server_log(wire_server: DaphneServer) -> Iterator[None]:
-    """No traceback and no 500 in the server log while this module ran."""
-    start = len(wire_server.log)
-    yield
-    assert DaphneServer(log=wire_server.log[start:]).errors() == []
-
-
-@pytest.fixture
-def url(wire_server: DaphneServer) -> str:
-    return wire_server.url
+pytestmark = pytest.mark.usefixtures("wire_log_stays_clean")
 
 
 def echo(request_id: Any, method: str, params: Any = None) -> dict[str, Any]:

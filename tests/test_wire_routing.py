@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.live import DaphneServer, SseReader, initialize, notification, open_sse, post, rpc
+from tests.live import SseReader, initialize, notification, open_sse, post, rpc
 
 T = 5.0
 INIT = rpc(0, "initialize", {"protocolVersion": 1})
@@ -23,17 +23,7 @@ OK = {"ok": True}
 _ids = itertools.count()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def clean_server_log(wire_server: DaphneServer) -> Iterator[None]:
-    """No traceback and no 500 in the server log while this module ran."""
-    start = len(wire_server.log)
-    yield
-    assert DaphneServer(log=wire_server.log[start:]).errors() == []
-
-
-@pytest.fixture
-def url(wire_server: DaphneServer) -> str:
-    return wire_server.url
+pytestmark = pytest.mark.usefixtures("wire_log_stays_clean")
 
 
 class Conn:

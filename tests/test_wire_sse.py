@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -25,17 +25,7 @@ INIT = rpc(0, "initialize", {"protocolVersion": 1})
 _ids = itertools.count()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def clean_server_log(wire_server: DaphneServer) -> Iterator[None]:
-    """No traceback and no 500 in the server log while this module ran."""
-    start = len(wire_server.log)
-    yield
-    assert DaphneServer(log=wire_server.log[start:]).errors() == []
-
-
-@pytest.fixture
-def url(wire_server: DaphneServer) -> str:
-    return wire_server.url
+pytestmark = pytest.mark.usefixtures("wire_log_stays_clean")
 
 
 @pytest.fixture

@@ -30,10 +30,10 @@ def _peer(name: str, request: pytest.FixtureRequest) -> PeerServer:
                 pytest.skip("node is not installed")
             if not (TS_DIR / "node_modules" / "@agentclientprotocol" / "sdk").is_dir():
                 pytest.skip("run `npm ci` in tests/peers/ts_server (./dev.sh test does)")
-            server = PeerServer(["node", "server.mjs"], TS_DIR)
+            server = PeerServer(argv=["node", "server.mjs"], cwd=TS_DIR)
         else:
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            server = PeerServer([sys.executable, "-m", "tests.peers.py_sdk_server"], ROOT, env)
+            server = PeerServer(argv=[sys.executable, "-m", "tests.peers.py_sdk_server"], cwd=ROOT, env=env)
         _started[name] = server.start()
         request.config.add_cleanup(server.stop)
     return _started[name]
