@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -17,6 +18,9 @@ from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import InboundPlan
 
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at its connection limit
+INTERNAL_ERROR = 1011  # WebSocket close code: the agent could not be started
+
+logger = logging.getLogger(__name__)
 
 
 class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
@@ -35,9 +39,15 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.accept()
             await self.close(code=TRY_AGAIN_LATER)
             return
-        self.host = registry.create(
-            create_agent_channel, "websocket", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES
-        )
+        try:
+            self.host = registry.create(
+                create_agent_channel, "websocket", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES
+            )
+        except Exception:
+            logger.exception("the agent could not be started")
+            await self.accept()
+            await self.close(code=INTERNAL_ERROR)
+            return
         self.host.start()
         # The id on the 101 (under daphne through acp_channels.daphne_compat).
         await self.accept(headers=[(protocol.CONNECTION_HEADER.encode(), self.host.connection_id.encode())])

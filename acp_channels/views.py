@@ -36,6 +36,7 @@ TOO_MANY_CONNECTIONS = "too many ACP connections on this server"
 SHUTTING_DOWN = "this server is shutting down; connect again"
 LAYER_UNAVAILABLE = "the channel layer is unavailable; try again"
 AGENT_BUSY = "the agent did not take the message in time; try again"
+AGENT_NOT_STARTED = "the agent could not be started (see the server log)"
 
 
 @csrf_exempt
@@ -156,7 +157,11 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> Htt
     max_connections: int | None = acp_settings.MAX_CONNECTIONS
     if max_connections is not None and len(registry) >= max_connections:
         return text_response(503, TOO_MANY_CONNECTIONS)
-    host = registry.create(create_agent_channel, "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES)
+    try:
+        host = registry.create(create_agent_channel, "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES)
+    except Exception:
+        logger.exception("the agent could not be started")
+        return text_response(500, AGENT_NOT_STARTED)
     timeout: float | None = acp_settings.INITIALIZE_TIMEOUT
     try:
         async with asyncio.timeout(timeout):

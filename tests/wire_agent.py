@@ -150,3 +150,8 @@ def _response_shaped_text(raw: str) -> bool:
 
 def create() -> WireAgent:
     return WireAgent()
+
+
+def broken() -> WireAgent:
+    """A factory that fails: the endpoint must answer clearly, not crash."""
+    raise RuntimeError("this agent cannot start")
