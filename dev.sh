@@ -34,6 +34,10 @@ case "${1:-}" in
     if [ ! -d tests/interop/js/node_modules ] || [ tests/interop/js/package-lock.json -nt tests/interop/js/node_modules ]; then
       (cd tests/interop/js && npm ci --silent --no-audit --no-fund)
     fi
+    # a published third-party ACP agent, run as a stdio subprocess behind the server
+    if [ ! -d tests/agents/node_modules ] || [ tests/agents/package-lock.json -nt tests/agents/node_modules ]; then
+      (cd tests/agents && npm ci --silent --no-audit --no-fund)
+    fi
     if [ ! -d tests/peers/ts_server/node_modules ] || [ tests/peers/ts_server/package-lock.json -nt tests/peers/ts_server/node_modules ]; then
       (cd tests/peers/ts_server && npm ci --silent --no-audit --no-fund)
     fi

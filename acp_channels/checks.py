@@ -28,7 +28,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors += _check_number("MAX_BUFFERED_BYTES", int, "acp_channels.E004")
     errors += _check_number("INITIALIZE_TIMEOUT", float, "acp_channels.E005", optional=True)
     errors += _check_number("MAX_CONNECTIONS", int, "acp_channels.E006", optional=True)
-    errors += _check_number("AGENT_SHUTDOWN_GRACE", float, "acp_channels.E012", zero=True)
+    errors += _check_number("AGENT_SHUTDOWN_GRACE", float, "acp_channels.E013", zero=True)
     errors += _check_number("SHUTDOWN_GRACE_SECONDS", float, "acp_channels.E011")
     errors += _check_number("IDLE_TIMEOUT_SECONDS", float, "acp_channels.E012", optional=True)
     errors += _check_cors()

@@ -154,6 +154,7 @@ class StdioAgentChannel:
         self._pump: asyncio.Task[None] | None = None
         self._closing = False  # close() was called: abortive, nothing more is relayed
         self._finished = False  # receive() has returned None
+        self._reported = False  # the agent's end was reported: nothing more is answered
         self._group_cleared = False
         self._stderr = _StderrLog(self)
         environment = {**(os.environ if env is None else env), CONNECTION_ENV: connection_id}
@@ -176,9 +177,14 @@ class StdioAgentChannel:
     # -- AgentChannel ----------------------------------------------------------------------
 
     async def send(self, frame: Frame) -> None:
+        """Write a client frame to stdin (waits while the agent does not read: backpressure).
+
+        Once the agent has exited on its own, requests sent before its end is reported get the
+        exit error like the ones it left unanswered; after that, AgentClosed.
+        """
         await self._started.wait()
         process = self._process
-        if self._closing or process is None or process.stdin is None or self._exited.is_set():
+        if self._closing or self._reported or process is None or process.stdin is None:
             raise AgentClosed("agent process is not running")
         line = _stdin_line(frame)
         if line is None:  # text that cannot be one line: answered as the agent's side would
@@ -188,13 +194,13 @@ class StdioAgentChannel:
         keys = self._track(frame)
         try:
             async with self._write_lock:
-                if self._closing or self._exited.is_set():
-                    raise ConnectionResetError("agent process is not running")
-                process.stdin.write(line)
-                await process.stdin.drain()
-        except (ConnectionError, OSError) as error:
-            self._untrack(keys)
-            raise AgentClosed("agent process is not running") from error
+                if not self._exited.is_set():
+                    process.stdin.write(line)
+                    await process.stdin.drain()
+        except (ConnectionError, OSError) as error:  # its stdin is closed: it exited, or is exiting
+            if self._closing or self._reported:
+                self._untrack(keys)
+                raise AgentClosed("agent process is not running") from error
 
     async def receive(self) -> Frame | None:
         if self._finished:
@@ -384,6 +390,7 @@ class StdioAgentChannel:
 
     def _report_exit(self) -> list[Frame]:
         """The agent ended on its own: one log line, and an error for each unanswered request."""
+        self._reported = True
         status = describe_status(self.returncode)
         pending = [request_id for ids in self._pending.values() for request_id in ids]
         self._pending.clear()
@@ -600,6 +607,7 @@ def stop_all_at_exit() -> None:
     SIGKILL), then kill what is left of their groups."""
     channels = list(_running.values())
     if channels:
+        logger.info("exiting: stopping %d agent process(es)", len(channels))
         grace = max(channel._grace for channel in channels)
         for channel in channels:
             stdin = channel._process.stdin if channel._process is not None else None
