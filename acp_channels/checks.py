@@ -31,6 +31,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors += _check_number("AGENT_SHUTDOWN_GRACE", float, "acp_channels.E013", zero=True)
     errors += _check_number("SHUTDOWN_GRACE_SECONDS", float, "acp_channels.E011")
     errors += _check_number("IDLE_TIMEOUT_SECONDS", float, "acp_channels.E012", optional=True)
+    errors += _check_number("WORKER_TIMEOUT_SECONDS", float, "acp_channels.E014")
     errors += _check_cors()
     errors += [
         Warning(

@@ -33,6 +33,9 @@ DEFAULTS: Final[dict[str, Any]] = {
     # A connection with no POST and no stream reader for this long is ended (its agent shut
     # down), as if DELETEd: clients that vanish do not keep agents forever. None: never.
     "IDLE_TIMEOUT_SECONDS": 3600.0,
+    # Several workers: how long a worker may take to acknowledge a call from another one before
+    # it is taken for dead (its connections then answer 404). Raise it for overloaded workers.
+    "WORKER_TIMEOUT_SECONDS": 1.5,
     # On SIGTERM a worker drains (refuses new connections, ends its streams cleanly, shuts its
     # agents down) for at most this long, then exits.
     "SHUTDOWN_GRACE_SECONDS": 10.0,

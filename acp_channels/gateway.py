@@ -18,17 +18,16 @@ from acp_channels.host import ConnectionHost, Mailbox, StreamBusy, StreamLease, 
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import InboundPlan, SessionHeaderError, StreamKey
 from acp_channels.worker import (
-    LEASE_IDLE_LIMIT,
     MAX_TAKE_BYTES,
-    RECEIPT_TIMEOUT,
-    TAKE_GRACE,
     TAKE_WAIT,
     WORKER_ID,
     AgentBusy,
     HostUnreachable,
     bus,
     inbox_channel,
+    lease_idle_limit,
     worker_of,
+    worker_timeout,
 )
 
 #: How long a submit may wait for the agent to take the frame (its backpressure), after receipt.
@@ -121,7 +120,7 @@ class RemoteHandle:
         lease_id = f"{WORKER_ID}-{next(_lease_ids)}"
         # Receipt proves the host is alive; the answer may wait for a probe of a stale reader.
         result = await self._call(
-            "lease", 2 * RECEIPT_TIMEOUT, receipt=True, stream=key, lease=lease_id, reader=WORKER_ID
+            "lease", 2 * worker_timeout(), receipt=True, stream=key, lease=lease_id, reader=WORKER_ID
         )
         if result.get("error") == "busy":
             raise StreamBusy
@@ -151,7 +150,7 @@ class RemoteStream:
                     self.worker_id,
                     "take",
                     {"lease": self.lease_id, "ack": self.acked, "wait": wait},
-                    timeout=wait + TAKE_GRACE,
+                    timeout=wait + worker_timeout(),
                 )
             except (HostUnreachable, Exception):
                 return None  # the host's worker or the layer is gone: the stream ends
@@ -236,7 +235,7 @@ class LeaseOnHost:
 
     def _arm(self) -> None:
         self._disarm()
-        self._expiry = asyncio.get_running_loop().call_later(LEASE_IDLE_LIMIT, self._expire)
+        self._expiry = asyncio.get_running_loop().call_later(lease_idle_limit(), self._expire)
 
     def _disarm(self) -> None:
         if self._expiry is not None:
@@ -253,7 +252,7 @@ _leases_on_host: dict[str, LeaseOnHost] = {}
 
 async def _reader_alive(lease: LeaseOnHost) -> bool:
     try:
-        result = await bus.call(lease.reader_worker, "probe", {"lease": lease.lease_id}, timeout=RECEIPT_TIMEOUT)
+        result = await bus.call(lease.reader_worker, "probe", {"lease": lease.lease_id}, timeout=worker_timeout())
     except Exception:
         return False
     return bool(result.get("alive"))

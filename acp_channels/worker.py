@@ -5,7 +5,7 @@ the id of the worker that hosts it (`<uuid4>.<worker id>`), so any worker can re
 without a lookup. Operations travel as request/response messages:
 
 - `submit` is acknowledged twice: `received` at once (the host's worker is alive; a dead worker
-  gives a 404 within RECEIPT_TIMEOUT) and the result once the frame is queued for the agent (the
+  gives a 404 within WORKER_TIMEOUT_SECONDS) and the result once the frame is queued for the agent (the
   agent may apply backpressure; that is not a failure).
 - `lease`, `take`, `release`, `terminate`: the SSE reader on another worker pulls batches with
   `take`, acknowledging the previous batch, so nothing is lost when a reader's worker dies: the
@@ -34,12 +34,22 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 logger = logging.getLogger(__name__)
 
 WORKER_ID: Final = uuid.uuid4().hex[:12]
-RECEIPT_TIMEOUT: Final = 1.5  # a live worker acknowledges receipt in milliseconds
 TAKE_WAIT: Final = 3.0  # longest a remote take waits on the host for new output
-TAKE_GRACE: Final = 1.5  # allowance for the layer on top of TAKE_WAIT
-LEASE_IDLE_LIMIT: Final = TAKE_WAIT + 3 * TAKE_GRACE  # a remote reader silent this long is gone
 SEND_RETRY_SECONDS: Final = 5.0  # how long a send retries a full channel before giving up
 MAX_TAKE_BYTES: Final = 1024 * 1024  # one take reply carries at most about this much output
+
+
+def worker_timeout() -> float:
+    """How long a live worker may take to acknowledge a call (WORKER_TIMEOUT_SECONDS): past it,
+    the worker is taken for dead. Also the layer's allowance on top of a take's wait."""
+    from acp_channels.conf import acp_settings
+
+    return float(acp_settings.WORKER_TIMEOUT_SECONDS)
+
+
+def lease_idle_limit() -> float:
+    """A remote reader silent this long (no pull) is gone; its stream is released."""
+    return TAKE_WAIT + 3 * worker_timeout()
 
 
 def inbox_channel(worker_id: str) -> str:
@@ -112,7 +122,7 @@ class Bus:
     ) -> dict[str, Any]:
         """Send an operation to a worker and wait for its result.
 
-        With `receipt`, the worker's receipt must come within RECEIPT_TIMEOUT and the result may
+        With `receipt`, the worker's receipt must come within worker_timeout() and the result may
         take up to `timeout` after it. Raises HostUnreachable or LayerUnavailable.
         """
         self.ensure_listening()
@@ -137,7 +147,7 @@ class Bus:
             # that arrives as the result does, and a cancelled SSE body would then run forever.
             if received is not None:
                 try:
-                    async with asyncio.timeout(RECEIPT_TIMEOUT):
+                    async with asyncio.timeout(worker_timeout()):
                         await asyncio.shield(received)
                 except TimeoutError:
                     raise HostUnreachable(f"worker {worker_id} did not receive {op}") from None

@@ -83,6 +83,7 @@ ACP_CHANNELS = {
     "MAX_BUFFERED_BYTES": int(os.environ.get("ACP_MAX_BUFFERED_BYTES", str(64 * 1024 * 1024))),
     "SHUTDOWN_GRACE_SECONDS": float(os.environ.get("ACP_SHUTDOWN_GRACE_SECONDS", "10")),
     "IDLE_TIMEOUT_SECONDS": float(os.environ.get("ACP_IDLE_TIMEOUT_SECONDS", "3600")),
+    "WORKER_TIMEOUT_SECONDS": float(os.environ.get("ACP_WORKER_TIMEOUT_SECONDS", "1.5")),
     "CORS_ALLOWED_ORIGINS": _origins(os.environ.get("ACP_CORS_ALLOWED_ORIGINS", "")),
 }
 

@@ -11,13 +11,14 @@ from typing import Any
 
 import httpx
 
-from acp_channels.worker import TAKE_GRACE, TAKE_WAIT
+from acp_channels.conf import DEFAULTS
+from acp_channels.worker import TAKE_WAIT
 from tests.cluster import Cluster, RedisServer
 from tests.live import SSE, initialize, open_sse, post, rpc
 
 WIRE = {"ACP_AGENT": "tests.wire_agent.create"}
 #: A reader whose host died notices when its pending pull times out.
-READER_NOTICES = TAKE_WAIT + TAKE_GRACE + 3
+READER_NOTICES = TAKE_WAIT + DEFAULTS["WORKER_TIMEOUT_SECONDS"] + 3
 
 
 @contextlib.asynccontextmanager
