@@ -9,6 +9,7 @@ class AcpChannelsConfig(AppConfig):
         from acp_channels import checks, daphne_compat  # noqa: F401  (checks register themselves)
 
         daphne_compat.install()
+        _skip_database_request_hooks()
         from acp_channels.cors import enable_cors_for_acp
 
         try:
@@ -16,3 +17,20 @@ class AcpChannelsConfig(AppConfig):
         except ImportError:  # checks.py reports it when CORS is configured
             return
         check_request_enabled.connect(enable_cors_for_acp, dispatch_uid="acp_channels.cors")
+
+
+def _skip_database_request_hooks() -> None:
+    """Without databases, django.db's request_started/finished receivers have nothing to do, yet
+    under ASGI each sync receiver call hops to a thread of the request's ThreadSensitiveContext,
+    and that thread then lives as long as the response: every open SSE stream would hold an OS
+    thread. Disconnect them when no database is configured."""
+    from django.conf import settings
+
+    if settings.DATABASES:
+        return
+    from django.core import signals
+    from django.db import close_old_connections, reset_queries
+
+    signals.request_started.disconnect(reset_queries)
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)

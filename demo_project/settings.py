@@ -27,10 +27,10 @@ INSTALLED_APPS = [
     "acp_channels",
 ]
 
+# Only ASGI-native middleware: each MiddlewareMixin-based one (SecurityMiddleware,
+# CommonMiddleware, ...) costs every request thread hops under ASGI (see README, Performance).
 MIDDLEWARE = [
     "corsheaders.middleware.CorsMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "django.middleware.common.CommonMiddleware",
 ]
 
 ROOT_URLCONF = "demo_project.urls"
