@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
+import orjson
+
 CONNECTION_HEADER: Final = "acp-connection-id"
 SESSION_HEADER: Final = "acp-session-id"
 
@@ -196,8 +198,15 @@ def serialize_frame(frame: Frame) -> str:
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON, as the reference writes it (no spaces, non-ASCII kept)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON, as the reference writes it (no spaces, non-ASCII kept).
+
+    orjson: every frame an in-process agent emits is serialized once, on the hot path. The
+    standard library covers what orjson refuses (integers beyond 64 bits, non-string keys).
+    """
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def frame_messages(frame: Frame) -> list[Message]:
