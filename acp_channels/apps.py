@@ -26,7 +26,9 @@ def _skip_database_request_hooks() -> None:
     thread. Disconnect them when no database is configured."""
     from django.conf import settings
 
-    if settings.DATABASES:
+    # Django turns an empty DATABASES into one "dummy" backend before apps are ready.
+    engines = {database.get("ENGINE") for database in settings.DATABASES.values()}
+    if engines - {"django.db.backends.dummy"}:
         return
     from django.core import signals
     from django.db import close_old_connections, reset_queries

@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 
 class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
+    # No channel of its own on the layer: the host reaches the socket directly, and an unused
+    # layer receive (a Redis read timing out) would end the consumer and cut the socket.
+    channel_layer_alias = None
     host: ConnectionHost | None = None
     writer: asyncio.Task[None] | None = None
 

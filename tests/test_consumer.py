@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from channels.layers import InMemoryChannelLayer, channel_layers
 from channels.testing import WebsocketCommunicator
 
 from acp_channels.agents import AgentClosed
@@ -198,3 +199,25 @@ async def test_connection_cap_refuses_with_try_again_later(application: Any, set
         assert (closing["type"], closing.get("code")) == ("websocket.close", 1013)
         assert len(registry) == hosts_before
         await communicator.disconnect(timeout=TIMEOUT)
+
+
+class FailingLayer(InMemoryChannelLayer):
+    """A layer whose receive fails, as a Redis read timing out does."""
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        raise ConnectionError("layer read timed out")
+
+
+async def test_the_socket_does_not_depend_on_the_channel_layer(application: Any, settings: Any) -> None:
+    """Regression: the consumer kept channels' default layer subscription, so a failing layer
+    receive (a redis-py timeout under load) ended the consumer and cut the socket mid-session."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "tests.test_consumer.FailingLayer"}}
+    channel_layers.backends.clear()
+    try:
+        async with connected(application) as (communicator, _):
+            for request_id in range(3):
+                await communicator.send_to(text_data=json.dumps(rpc(request_id, "custom/ping")))
+                reply = json.loads(await communicator.receive_from(TIMEOUT))
+                assert reply["id"] == request_id
+    finally:
+        channel_layers.backends.clear()
