@@ -1,0 +1,1 @@
+"""Benchmarks of acp_channels against the official ACP SDK servers (see bench/README.md)."""

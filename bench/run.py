@@ -1,0 +1,343 @@
+"""Run every benchmark and write bench/results.json, bench/RESULTS.md and bench/results.png.
+
+    .venv/bin/python -m bench.run            # the full run (about 12-15 minutes on 2 cores)
+    .venv/bin/python -m bench.run --quick    # smaller sizes, one repetition (about 3 minutes)
+    .venv/bin/python -m bench.run --servers ours-daphne,ts-sdk --no-fanout
+
+The load generator (this process) runs on CPU 1, every server process on CPU 0 (taskset), so
+each side has one core. Per server and transport: a warm-up stream of 20,000 messages, then
+3 repetitions of stream, rtt and permission on one connection (medians reported), then the
+fanout levels on a freshly started server, sampling the server's RSS. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+LOADGEN_CPU = int(os.environ.get("BENCH_LOADGEN_CPU", "1"))
+
+
+def ensure(module: str, package: str) -> None:
+    """Install what the benchmark needs into this interpreter's environment (the venv)."""
+    try:
+        __import__(module)
+    except ImportError:
+        print(f"installing {package} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", package], check=True)
+
+
+ensure("uvloop", "uvloop")
+ensure("orjson", "orjson")
+
+import uvloop  # noqa: E402
+
+from bench import scenarios  # noqa: E402
+from bench.client import HttpAcp, make_client  # noqa: E402
+from bench.servers import LISTENING, SERVERS, Cluster, Proc, RssSampler, Server  # noqa: E402
+
+FULL = {"warmup": 20000, "stream": 20000, "rtt": 2000, "permission": 200, "reps": 3,
+        "fanout": [100, 500, 1000], "fanout_prompts": 5, "fanout_chunks": 20, "calibration": 200000}
+QUICK = {"warmup": 5000, "stream": 20000, "rtt": 500, "permission": 100, "reps": 1,
+         "fanout": [100, 500], "fanout_prompts": 5, "fanout_chunks": 20, "calibration": 100000}
+
+ORDER = ["ours-daphne", "ours-uvicorn", "ours-3w-redis", "ts-sdk", "py-sdk-uvicorn", "py-sdk-daphne"]
+
+
+def log(*parts: Any) -> None:
+    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def at(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] * 1000
+
+    return {"p50": at(50), "p90": at(90), "p99": at(99), "n": len(ordered)}
+
+
+def summarize(reps: list[dict[str, float]]) -> dict[str, float]:
+    """Median over repetitions of each percentile (ms)."""
+    return {key: statistics.median(rep[key] for rep in reps) for key in reps[0]}
+
+
+# -- environment -------------------------------------------------------------------------------
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    out = {"python": platform.python_version()}
+    for name in ("django", "channels", "channels-redis", "daphne", "twisted", "uvicorn", "uvloop", "httptools",
+                 "websockets", "agent-client-protocol", "redis", "orjson"):
+        try:
+            out[name] = version(name)
+        except Exception:
+            out[name] = "?"
+    for label, command in (("node", ["node", "--version"]), ("redis-server", ["redis-server", "--version"])):
+        try:
+            out[label] = subprocess.run(command, capture_output=True, text=True, timeout=10).stdout.strip()
+        except OSError:
+            out[label] = "?"
+    try:
+        package = json.loads((ROOT / "tests/peers/ts_server/node_modules/@agentclientprotocol/sdk/package.json")
+                             .read_text())
+        out["@agentclientprotocol/sdk"] = package["version"]
+    except OSError:
+        out["@agentclientprotocol/sdk"] = "?"
+    try:
+        out["acp-channels commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip() + (" (dirty)" if subprocess.run(["git", "status", "--porcelain", "acp_channels"], cwd=ROOT,
+                                                          capture_output=True, text=True).stdout.strip() else "")
+    except OSError:
+        pass
+    return out
+
+
+def machine() -> dict[str, str]:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+        mem_kb = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
+                          if line.startswith("MemTotal")).split()[1])
+    except (OSError, StopIteration):
+        mem_kb = 0
+    return {"nproc": str(os.cpu_count()), "cpu": model, "memory": f"{mem_kb / 1024 / 1024:.0f} GiB",
+            "kernel": platform.release(), "os": platform.platform()}
+
+
+# -- phases --------------------------------------------------------------------------------------
+
+
+async def calibrate(size: int, reps: int) -> dict[str, list[float]]:
+    """The load generator's ceiling against bench.rawserver (a server that only sends)."""
+    from bench.client import SSE, AcpClient
+    from bench.wire import SseStream, WebSocket
+
+    raw = Proc("rawserver", [sys.executable, "-m", "bench.rawserver"], LISTENING).start()
+    out: dict[str, list[float]] = {"http": [], "ws": []}
+    try:
+        for kind in ("http", "ws"):
+            for _ in range(reps + 1):  # the first run warms up
+                client = AcpClient("raw")
+                check = scenarios.StreamCheck(client, 1, size)
+                client.sink = check
+                url = f"http://127.0.0.1:{raw.port}/?n={size}"
+                started = time.perf_counter()
+                if kind == "http":
+                    stream: Any = await SseStream.open(url, SSE, client._deliver)
+                else:
+                    stream = await WebSocket.open(url, client._deliver)
+                ended = await asyncio.wait_for(check.done, 60)
+                check.check()
+                stream.close()
+                out[kind].append(size / (ended - started))
+            out[kind] = out[kind][1:]
+    finally:
+        raw.stop()
+    return out
+
+
+def inprocess(mode: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    from bench.servers import SERVER_CPU
+
+    keys = ("warmup", "stream", "rtt", "permission", "reps")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+    result = subprocess.run(
+        ["taskset", "-c", SERVER_CPU, sys.executable, "-m", "bench.inprocess", mode,
+         "--sizes", json.dumps({k: sizes[k] for k in keys})],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    if result.returncode:
+        raise RuntimeError(result.stderr[-2000:])
+    raw = json.loads(result.stdout)
+    return {
+        "stream": raw["stream"],
+        "rtt": summarize([percentiles(s) for s in raw["rtt"]]),
+        "permission": summarize([percentiles(s) for s in raw["permission"]]),
+    }
+
+
+async def scenario_set(client_factory: Any, sizes: dict[str, Any], with_permission: bool = True) -> dict[str, Any]:
+    client = client_factory()
+    await client.open()
+    await client.new_session()
+    await scenarios.run_stream(client, sizes["warmup"])
+    stream, rtt, permission = [], [], []
+    for _ in range(sizes["reps"]):
+        stream.append((await scenarios.run_stream(client, sizes["stream"]))["msg_per_s"])
+        rtt.append(percentiles(await scenarios.run_rtt(client, sizes["rtt"])))
+        if with_permission:
+            permission.append(percentiles(await scenarios.run_permission(client, sizes["permission"])))
+    if client.unexpected:
+        raise scenarios.ProtocolError(f"unexpected messages: {client.unexpected[:3]}")
+    await client.close()
+    out: dict[str, Any] = {"stream": stream, "rtt": summarize(rtt)}
+    if with_permission:
+        out["permission"] = summarize(permission)
+    return out
+
+
+async def bench_server(server: Server, sizes: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for transport in ("http", "ws"):
+        log(f"  {server.key} {transport}: stream / rtt / permission")
+        try:
+            out[transport] = await scenario_set(
+                lambda t=transport: make_client(t, server.url, **server.client_options), sizes
+            )
+            done = out[transport]
+            log(f"    stream {statistics.median(done['stream']):,.0f} msg/s, rtt p50 {done['rtt']['p50']:.2f} ms, "
+                f"permission p50 {done['permission']['p50']:.2f} ms")
+        except Exception as error:
+            out[transport] = {"error": f"{type(error).__name__}: {error}"}
+            log("    FAILED", out[transport]["error"])
+            traceback.print_exc()
+    return out
+
+
+async def cluster_layouts(cluster: Cluster, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The cost of the cross-worker hop: all on worker A (same process) against initialize on A,
+    SSE on B, POST on C (every POST and every event crosses Redis). HTTP only: a WebSocket is
+    always served by the worker that hosts its connection."""
+    a, b, c = (cluster.worker_url(i) for i in range(3))
+    layouts = {"same": lambda: HttpAcp(a), "cross": lambda: HttpAcp(a, post_url=c, stream_url=b)}
+    out = {}
+    for name, factory in layouts.items():
+        log(f"  cluster layout {name}")
+        try:
+            out[name] = await scenario_set(factory, sizes)
+            done = out[name]
+            log(f"    stream {statistics.median(done['stream']):,.0f} msg/s, rtt p50 {done['rtt']['p50']:.2f} ms"
+                f" p99 {done['rtt']['p99']:.2f} ms")
+        except Exception as error:
+            out[name] = {"error": f"{type(error).__name__}: {error}"}
+            log("    FAILED", out[name]["error"])
+    return out
+
+
+async def fanout(key: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for transport in ("http", "ws"):
+        server = SERVERS[key]().start()
+        levels = []
+        try:
+            for clients in sizes["fanout"]:
+                with RssSampler(server.pids()) as rss:
+                    result = await scenarios.run_fanout(
+                        transport, server.url, clients, sizes["fanout_prompts"], sizes["fanout_chunks"],
+                        options=server.client_options,
+                    )
+                levels.append({"clients": clients, "completed": result.completed, "seconds": result.seconds,
+                               "peak_rss_mb": rss.peak / 2**20, "errors": result.errors[:5]})
+                log(f"  {key} fanout {transport} {clients}: {result.completed} completed in {result.seconds:.2f} s, "
+                    f"peak RSS {rss.peak / 2**20:.0f} MB {result.errors[:2]}")
+                await asyncio.sleep(0.5)
+        finally:
+            server.stop()
+            if server.errors():
+                out.setdefault("server_errors", []).extend(server.errors()[:5])
+        out[transport] = levels
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = dict(QUICK if args.quick else FULL)
+    if args.fanout:
+        sizes["fanout"] = [int(n) for n in args.fanout.split(",")]
+    results: dict[str, Any] = {
+        "meta": {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                 "quick": args.quick, "sizes": sizes, "versions": versions(), "machine": machine(),
+                 "pinning": f"servers on CPU {os.environ.get('BENCH_SERVER_CPU', '0')}, load generator on CPU "
+                            f"{LOADGEN_CPU}"},
+        "servers": {},
+    }
+    selected = [key for key in SERVERS if key in args.servers.split(",")] if args.servers else ORDER
+    if not args.skip_calibration:
+        log("calibration: the load generator against a server that only sends")
+        results["calibration"] = await calibrate(sizes["calibration"], sizes["reps"])
+        log(f"  SSE {statistics.median(results['calibration']['http']):,.0f} msg/s, "
+            f"WS {statistics.median(results['calibration']['ws']):,.0f} msg/s")
+    if not args.skip_inprocess:
+        results["inprocess"] = {}
+        for mode in ("sdk", "host"):
+            log(f"in-process: {mode}")
+            try:
+                results["inprocess"][mode] = inprocess(mode, sizes)
+                log(f"  stream {statistics.median(results['inprocess'][mode]['stream']):,.0f} msg/s, "
+                    f"rtt p50 {results['inprocess'][mode]['rtt']['p50']:.3f} ms")
+            except Exception as error:
+                results["inprocess"][mode] = {"error": str(error)}
+                log("  FAILED", error)
+    for key in selected:
+        cls = SERVERS[key]
+        log(f"server {key}")
+        entry: dict[str, Any] = {"label": cls.label}
+        if not args.no_scenarios:
+            server = cls().start()
+            try:
+                entry.update(await bench_server(server, sizes))
+                if isinstance(server, Cluster):
+                    results["cluster_layout"] = await cluster_layouts(server, sizes)
+            finally:
+                server.stop()
+                entry["server_errors"] = server.errors()[:5]
+        if not args.no_fanout:
+            try:
+                entry["fanout"] = await fanout(key, sizes)
+            except Exception as error:
+                entry["fanout"] = {"error": f"{type(error).__name__}: {error}"}
+                log("  fanout FAILED", error)
+        results["servers"][key] = entry
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--servers", default="", help=f"comma-separated subset of {','.join(ORDER)}")
+    parser.add_argument("--no-fanout", action="store_true")
+    parser.add_argument("--no-scenarios", action="store_true", help="only the fanout")
+    parser.add_argument("--fanout", default="", help="fanout levels, e.g. 100,300 (default 100,500,1000)")
+    parser.add_argument("--skip-calibration", action="store_true")
+    parser.add_argument("--skip-inprocess", action="store_true")
+    parser.add_argument("--out", default=str(HERE / "results.json"))
+    parser.add_argument("--no-report", action="store_true")
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {LOADGEN_CPU})
+    os.chdir(ROOT)
+    started = time.monotonic()
+    results = uvloop.run(main_async(args))
+    results["meta"]["duration_s"] = round(time.monotonic() - started)
+    end_commit = versions().get("acp-channels commit")
+    if end_commit != results["meta"]["versions"].get("acp-channels commit"):
+        results["meta"]["versions"]["acp-channels commit"] += f" -> {end_commit} during the run"
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    log(f"done in {results['meta']['duration_s']} s: {args.out}")
+    if not args.no_report:
+        from bench import report
+
+        report.write(results, HERE)
+
+
+if __name__ == "__main__":
+    main()
