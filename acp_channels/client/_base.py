@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Final, TypeAlias
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import Any, Final, TypeAlias, TypeVar
 
 from acp_channels import protocol
 from acp_channels.protocol import Batch, Malformed, MalformedEntry, Single
 
 from .errors import ClientUsageError, TransportClosedError, TransportError
 
-__all__ = ["FrameValue", "Inbox", "frame_value_for_send", "received_value"]
+__all__ = ["FrameValue", "Inbox", "TransportBase", "frame_value_for_send", "received_value"]
 
 #: A JSON-RPC frame as Python values: one message (a dict) or a batch (a list).
 FrameValue: TypeAlias = dict[str, Any] | list[Any]
@@ -100,3 +103,72 @@ class Inbox:
 def single_of(value: FrameValue) -> Single | None:
     frame = protocol.frame_from_value(value)
     return frame if isinstance(frame, Single) else None
+
+
+T = TypeVar("T")
+
+
+class TransportBase:
+    """The end state both transports share: the inbox, the first fatal error, closing."""
+
+    #: What a closed transport says when no failure ended it.
+    closed_text = "transport is closed"
+
+    def __init__(self) -> None:
+        self._inbox = Inbox()
+        self.error: TransportError | None = None
+        self._failed = asyncio.Event()
+        self._close_started = False
+
+    @property
+    def closed(self) -> bool:
+        return self._close_started or self.error is not None
+
+    async def wait_failed(self) -> TransportError:
+        """Wait until the transport fails; returns the error."""
+        await self._failed.wait()
+        assert self.error is not None
+        return self.error
+
+    async def receive_frame(self) -> FrameValue | None:
+        return await self._inbox.get_frame()
+
+    async def receive(self) -> dict[str, Any] | None:
+        return await self._inbox.get_message()
+
+    async def _unless_failed(self, awaitable: Awaitable[T], *stops: asyncio.Event) -> T:
+        """Await `awaitable` unless the transport fails (or one of `stops` is set) first; then
+        cancel it and raise what cut it short."""
+        task = asyncio.ensure_future(awaitable)
+        waiters = [asyncio.ensure_future(event.wait()) for event in (self._failed, *stops)]
+        try:
+            await asyncio.wait({task, *waiters}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if task.done() and not task.cancelled():
+            return task.result()
+        if self.error is not None:
+            raise self.error  # what cut this operation short
+        raise self._closed_error()
+
+    def _closed_error(self) -> TransportClosedError:
+        if self.error is not None:
+            error = TransportClosedError(f"transport failed: {self.error}")
+            error.__cause__ = self.error
+            return error
+        return TransportClosedError(self.closed_text)
+
+    def _record_failure(self, error: TransportError, logger: logging.Logger) -> bool:
+        """Make `error` the end of the transport; False when it already ended (first one wins).
+        The caller stops its own work, then ends the inbox."""
+        if self.error is not None or self._close_started:
+            return False
+        self.error = error
+        logger.debug("ACP %s transport failed: %s", type(self).__name__, error)
+        self._failed.set()
+        return True

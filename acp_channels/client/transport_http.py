@@ -29,7 +29,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, TypeVar
 
@@ -38,7 +38,7 @@ import httpx
 from acp_channels import protocol
 from acp_channels.protocol import CONNECTION_HEADER, Batch, Frame, Malformed, Single
 
-from ._base import FrameValue, Inbox, frame_value_for_send, received_value
+from ._base import FrameValue, TransportBase, frame_value_for_send, received_value
 from .errors import (
     ClientUsageError,
     HttpStatusError,
@@ -116,10 +116,11 @@ def _messages(frame: Frame) -> list[protocol.Message]:
     return protocol.frame_messages(frame)
 
 
-class HttpTransport:
+class HttpTransport(TransportBase):
     """POST + SSE. Use it through `HttpClient`."""
 
     kind: Final = "http"
+    closed_text = "transport closed while waiting for a stream to open"
 
     def __init__(
         self,
@@ -133,6 +134,7 @@ class HttpTransport:
         reconnect: ReconnectPolicy | None = None,
         max_message_size: int = 64 * 1024 * 1024,
     ) -> None:
+        super().__init__()
         self.endpoint = endpoint
         self.connection_id: str | None = None
         self._headers = dict(headers or {})
@@ -152,7 +154,6 @@ class HttpTransport:
         elif cookies is not None:
             http_client.cookies.update(cookies)
         self.http = http_client
-        self._inbox = Inbox()
         self._call_lane = asyncio.Lock()
         self._response_lane = asyncio.Lock()
         self._initialized = False
@@ -160,11 +161,8 @@ class HttpTransport:
         self._streams: dict[str | None, _Stream] = {}
         self._session_creators: collections.Counter[str] = collections.Counter()
         self._agent_request_routes: dict[str, collections.deque[str | None]] = {}
-        self.error: TransportError | None = None
-        self._failed = asyncio.Event()
         self._closing = asyncio.Event()
         self._close_done = asyncio.Event()
-        self._close_started = False
         self._delete_task: asyncio.Task[None] | None = None
         self.deletes_sent = 0
 
@@ -172,28 +170,12 @@ class HttpTransport:
     def cookies(self) -> httpx.Cookies:
         return self.http.cookies
 
-    @property
-    def closed(self) -> bool:
-        return self._close_started or self.error is not None
-
     def stream_event_id(self, session_id: str | None = None) -> str | None:
         """The last SSE event id seen on a stream (None: no such stream or no ids)."""
         stream = self._streams.get(session_id)
         return stream.last_event_id if stream else None
 
     # ------------------------------------------------------------------------------- receiving
-
-    async def wait_failed(self) -> TransportError:
-        """Wait until the transport fails; returns the error."""
-        await self._failed.wait()
-        assert self.error is not None
-        return self.error
-
-    async def receive_frame(self) -> FrameValue | None:
-        return await self._inbox.get_frame()
-
-    async def receive(self) -> dict[str, Any] | None:
-        return await self._inbox.get_message()
 
     # --------------------------------------------------------------------------------- sending
 
@@ -303,28 +285,6 @@ class HttpTransport:
         except httpx.HTTPError as exc:
             raise self._fail(NetworkError(f"{what}: {type(exc).__name__}: {exc}")) from exc
 
-    async def _unless_failed(self, awaitable: Awaitable[T], *, closing: bool = False) -> T:
-        """Await `awaitable` unless the transport fails first (or, with closing=True, starts
-        closing first); then cancel it and raise TransportClosedError."""
-        task = asyncio.ensure_future(awaitable)
-        stops = [asyncio.ensure_future(self._failed.wait())]
-        if closing:
-            stops.append(asyncio.ensure_future(self._closing.wait()))
-        try:
-            await asyncio.wait({task, *stops}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for stop in stops:
-                stop.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-        if task.done() and not task.cancelled():
-            return task.result()
-        if self.error is not None:
-            raise self.error  # what cut this operation short
-        raise self._closed_error()
-
     # ------------------------------------------------------------------------------ initialize
 
     async def _initialize(self, value: FrameValue) -> None:
@@ -382,7 +342,7 @@ class HttpTransport:
         if stream is None:
             raise self._closed_error()
         if not stream.established.done():
-            await self._unless_failed(asyncio.shield(stream.established), closing=True)
+            await self._unless_failed(asyncio.shield(stream.established), self._closing)
 
     async def _run_stream(self, stream: _Stream) -> None:
         while True:
@@ -483,20 +443,10 @@ class HttpTransport:
         if self.error is not None:
             raise self._closed_error()
 
-    def _closed_error(self) -> TransportClosedError:
-        if self.error is not None:
-            error = TransportClosedError(f"transport failed: {self.error}")
-            error.__cause__ = self.error
-            return error
-        return TransportClosedError("transport closed while waiting for a stream to open")
-
     def _fail(self, error: TransportError) -> TransportError:
         """Make `error` the end of the transport (first one wins); returns it for raising."""
-        if self.error is not None or self._close_started:
+        if not self._record_failure(error, logger):
             return error
-        self.error = error
-        logger.debug("ACP HTTP transport failed: %s", error)
-        self._failed.set()
         current = asyncio.current_task()
         for stream in self._streams.values():
             if stream.task is not None and stream.task is not current:

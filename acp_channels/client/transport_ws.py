@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final, TypeVar
 
 import httpx
@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from acp_channels import protocol
 from acp_channels.protocol import CONNECTION_HEADER
 
-from ._base import FrameValue, Inbox, frame_value_for_send, received_value
+from ._base import TransportBase, frame_value_for_send, received_value
 from .errors import (
     HttpStatusError,
     NetworkError,
@@ -39,7 +39,7 @@ logger = logging.getLogger("acp_channels.client")
 T = TypeVar("T")
 
 
-class WebSocketTransport:
+class WebSocketTransport(TransportBase):
     """One WebSocket. Use it through `HttpClient`."""
 
     kind: Final = "ws"
@@ -54,6 +54,7 @@ class WebSocketTransport:
         max_message_size: int = 64 * 1024 * 1024,
         ping_interval: float | None = 20.0,
     ) -> None:
+        super().__init__()
         self.endpoint = endpoint
         self.connection_id: str | None = None
         self._headers = dict(headers or {})
@@ -61,30 +62,10 @@ class WebSocketTransport:
         self._max_message_size = max_message_size
         self._ping_interval = ping_interval
         self.cookies = httpx.Cookies(cookies)
-        self._inbox = Inbox()
         self._socket: ClientConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._reader: asyncio.Task[None] | None = None
-        self.error: TransportError | None = None
-        self._failed = asyncio.Event()
-        self._close_started = False
         self._close_done = asyncio.Event()
-
-    @property
-    def closed(self) -> bool:
-        return self._close_started or self.error is not None
-
-    async def wait_failed(self) -> TransportError:
-        """Wait until the transport fails; returns the error."""
-        await self._failed.wait()
-        assert self.error is not None
-        return self.error
-
-    async def receive_frame(self) -> FrameValue | None:
-        return await self._inbox.get_frame()
-
-    async def receive(self) -> dict[str, Any] | None:
-        return await self._inbox.get_message()
 
     async def connect(self) -> None:
         """Open the socket (done by the first send when not called)."""
@@ -144,23 +125,6 @@ class WebSocketTransport:
         except ConnectionClosed as exc:
             raise self._fail(self._closed_by_peer(exc)) from exc
 
-    async def _unless_failed(self, awaitable: Awaitable[T]) -> T:
-        task = asyncio.ensure_future(awaitable)
-        failed = asyncio.ensure_future(self._failed.wait())
-        try:
-            await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            failed.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-        if task.done() and not task.cancelled():
-            return task.result()
-        if self.error is not None:
-            raise self.error  # what cut this operation short
-        raise self._closed_error()
-
     async def _read(self, socket: ClientConnection) -> None:
         try:
             while True:
@@ -185,20 +149,9 @@ class WebSocketTransport:
         if self._close_started:
             raise TransportClosedError("transport is closed")
 
-    def _closed_error(self) -> TransportClosedError:
-        if self.error is not None:
-            error = TransportClosedError(f"transport failed: {self.error}")
-            error.__cause__ = self.error
-            return error
-        return TransportClosedError("transport is closed")
-
     def _fail(self, error: TransportError) -> TransportError:
-        if self.error is not None or self._close_started:
-            return error
-        self.error = error
-        logger.debug("ACP WebSocket transport failed: %s", error)
-        self._failed.set()
-        self._inbox.end(error)
+        if self._record_failure(error, logger):
+            self._inbox.end(error)
         return error
 
     async def close(self) -> None:
