@@ -75,6 +75,7 @@ class LocalHandle:
             raise AgentBusy(f"the agent did not take the frame within {SUBMIT_TIMEOUT:g} s") from None
 
     async def lease(self, key: StreamKey) -> StreamReader:
+        await release_if_reader_gone(self.host.stream_for_reader(key))
         return self.host.lease(key)
 
     async def terminate(self) -> None:
@@ -250,6 +251,14 @@ class LeaseOnHost:
 _leases_on_host: dict[str, LeaseOnHost] = {}
 
 
+async def release_if_reader_gone(mailbox: Mailbox) -> None:
+    """A stream held by a reader on another worker that no longer has it (its worker died, or
+    its release is still on the way) is taken over: nothing is lost, the lease goes back."""
+    holder = mailbox.holder
+    if isinstance(holder, LeaseOnHost) and not await _reader_alive(holder):
+        holder.end()
+
+
 async def _reader_alive(lease: LeaseOnHost) -> bool:
     try:
         result = await bus.call(lease.reader_worker, "probe", {"lease": lease.lease_id}, timeout=worker_timeout())
@@ -281,9 +290,7 @@ async def serve_lease(message: dict[str, Any]) -> dict[str, Any]:
         mailbox = host.stream_for_reader(message["stream"])
     except StreamBusy:
         return {"error": "busy"}
-    holder = mailbox.holder
-    if isinstance(holder, LeaseOnHost) and not await _reader_alive(holder):
-        holder.end()  # its reader's worker died: take over, nothing lost
+    await release_if_reader_gone(mailbox)
     try:
         _leases_on_host[message["lease"]] = LeaseOnHost(message["lease"], message["reader"], mailbox)
     except StreamBusy:

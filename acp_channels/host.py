@@ -243,20 +243,16 @@ class ConnectionHost:
                 mailbox.close()
         return mailbox
 
-    def lease(self, key: StreamKey) -> StreamLease:
-        """Take the single-reader lease on an SSE stream; StreamBusy when it is taken (409).
-
-        A WebSocket connection has no SSE streams: always busy, as in the reference.
-        """
-        if self.transport == "websocket":
-            raise StreamBusy
-        return StreamLease(self.stream(key))
-
     def stream_for_reader(self, key: StreamKey) -> Mailbox:
-        """The mailbox a reader on another worker leases (WebSocket connections have none)."""
+        """The mailbox an SSE reader leases. A WebSocket connection has no SSE streams: always
+        busy (409), as in the reference."""
         if self.transport == "websocket":
             raise StreamBusy
         return self.stream(key)
+
+    def lease(self, key: StreamKey) -> StreamLease:
+        """Take the single-reader lease on an SSE stream; StreamBusy when it is taken (409)."""
+        return StreamLease(self.stream_for_reader(key))
 
     @property
     def socket_outbox(self) -> Mailbox:

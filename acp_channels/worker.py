@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -79,6 +79,56 @@ class LayerUnavailable(Exception):
 
 
 OpHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+T = TypeVar("T")
+
+HEARTBEAT_INTERVAL: Final = 0.25
+ALIVE_TTL_MS: Final = 1500  # a worker silent this long is dead (a kill -9 is a 404 within 2 s)
+SLOW_WORKER_PATIENCE: Final = 30.0  # how long to wait for a live but overloaded worker
+
+
+class Heartbeat:
+    """Each worker refreshes a short-lived Redis key; others read it to tell a dead worker
+    (404 at once) from a slow one (wait). Uses the channels-redis layer's own connection; with
+    another layer there is no heartbeat and a late answer means dead, as before."""
+
+    def __init__(self) -> None:
+        self._redis: Any = None
+        self._prefix = ""
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, layer: Any) -> None:
+        hosts = getattr(layer, "hosts", None)
+        if not hosts:
+            return
+        if self._redis is None:
+            # A pool of its own: heartbeats must not queue behind (or starve) the layer's traffic.
+            from channels_redis.utils import create_pool
+            from redis.asyncio import Redis
+
+            self._redis = Redis(connection_pool=create_pool(hosts[0]))
+            self._prefix = str(getattr(layer, "prefix", "asgi"))
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._beat(), name="acp-worker-heartbeat")
+
+    def _key(self, worker_id: str) -> str:
+        return f"{self._prefix}acp.alive.{worker_id}"
+
+    async def _beat(self) -> None:
+        key = self._key(WORKER_ID)
+        while True:
+            with contextlib.suppress(Exception):  # Redis down: the calls themselves report it
+                async with asyncio.timeout(ALIVE_TTL_MS / 1000):
+                    await self._redis.set(key, b"1", px=ALIVE_TTL_MS)
+            await asyncio.sleep(HEARTBEAT_INTERVAL)  # a period, not a wait for an event
+
+    async def alive(self, worker_id: str) -> bool:
+        if self._redis is None:
+            return False
+        try:
+            async with asyncio.timeout(HEARTBEAT_INTERVAL * 2):
+                return bool(await self._redis.exists(self._key(worker_id)))
+        except Exception:
+            return False
 
 
 class Bus:
@@ -93,6 +143,7 @@ class Bus:
         self._loop_task: asyncio.Task[None] | None = None
         self._handlers: dict[str, OpHandler] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.heartbeat = Heartbeat()
 
     @property
     def layer(self) -> Any:
@@ -109,11 +160,12 @@ class Bus:
         self._handlers[op] = handler
 
     def ensure_listening(self) -> None:
-        """Start reading our inbox (once per process and event loop)."""
+        """Start reading our inbox and beating our heart (once per process and event loop)."""
         if not self.shared:
             return
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._listen(), name="acp-worker-inbox")
+            self.heartbeat.start(self.layer)
 
     # -- calling other workers ---------------------------------------------------------------
 
@@ -143,17 +195,13 @@ class Bus:
                 **args,
             }
             await self.send(inbox_channel(worker_id), message)
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
-            # that arrives as the result does, and a cancelled SSE body would then run forever.
             if received is not None:
                 try:
-                    async with asyncio.timeout(worker_timeout()):
-                        await asyncio.shield(received)
+                    await self._reply_from(worker_id, received, expected=worker_timeout(), limit=SLOW_WORKER_PATIENCE)
                 except TimeoutError:
-                    raise HostUnreachable(f"worker {worker_id} did not receive {op}") from None
+                    raise AgentBusy(f"worker {worker_id} is alive but did not take {op}") from None
             try:
-                async with asyncio.timeout(timeout):
-                    return await result
+                return await self._reply_from(worker_id, result, expected=timeout, limit=timeout)
             except TimeoutError:
                 if received is not None:
                     raise AgentBusy(f"{op} was not done within {timeout:g} s") from None
@@ -161,6 +209,28 @@ class Bus:
         finally:
             self._pending.pop(request_id, None)
             self._receipts.pop(request_id, None)
+
+    async def _reply_from(self, worker_id: str, reply: asyncio.Future[T], *, expected: float, limit: float) -> T:
+        """A worker's reply, expected within `expected` s. Past that, keep waiting (up to `limit`)
+        only while the worker's heartbeat says it is alive: a dead worker is HostUnreachable at
+        once, a live but slow one is not mistaken for dead. TimeoutError past `limit`.
+
+        asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
+        arrives as the reply does, and a cancelled SSE body would then run forever.
+        """
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + max(limit, expected)
+        wait = expected
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, min(wait, give_up - loop.time()))):
+                    return await asyncio.shield(reply)
+            except TimeoutError:
+                if loop.time() >= give_up:
+                    raise
+            if not await self.heartbeat.alive(worker_id):
+                raise HostUnreachable(f"worker {worker_id} is gone")
+            wait = HEARTBEAT_INTERVAL
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         """A direct send; a full channel is retried (backpressure), a broken layer is 503."""

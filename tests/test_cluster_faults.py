@@ -51,13 +51,13 @@ async def test_killed_host_worker_gives_404_fast_and_ends_remote_readers(http: h
             fast = httpx.Timeout(2.0)  # the issue's bound: 404 within 2 s, never a hang
             for worker in (other, third):
                 response = await http.post(
-                    worker.url, headers={"Content-Type": "application/json", "Acp-Connection-Id": connection_id},
-                    content=b'{"jsonrpc":"2.0","id":2,"method":"custom/ping"}', timeout=fast,
+                    worker.url,
+                    headers={"Content-Type": "application/json", "Acp-Connection-Id": connection_id},
+                    content=b'{"jsonrpc":"2.0","id":2,"method":"custom/ping"}',
+                    timeout=fast,
                 )
                 assert response.status_code == 404
-                response = await http.get(
-                    worker.url, headers={**SSE, "Acp-Connection-Id": connection_id}, timeout=fast
-                )
+                response = await http.get(worker.url, headers={**SSE, "Acp-Connection-Id": connection_id}, timeout=fast)
                 assert response.status_code == 404
                 response = await http.delete(worker.url, headers={"Acp-Connection-Id": connection_id}, timeout=fast)
                 assert response.status_code == 404
@@ -101,8 +101,10 @@ async def test_redis_down_fails_fast_with_503_and_recovers(http: httpx.AsyncClie
             redis.stop()
             fast = httpx.Timeout(5.0)
             response = await http.post(
-                other.url, headers={"Content-Type": "application/json", "Acp-Connection-Id": connection_id},
-                content=b'{"jsonrpc":"2.0","id":1,"method":"custom/ping"}', timeout=fast,
+                other.url,
+                headers={"Content-Type": "application/json", "Acp-Connection-Id": connection_id},
+                content=b'{"jsonrpc":"2.0","id":1,"method":"custom/ping"}',
+                timeout=fast,
             )
             assert response.status_code == 503
             assert response.text == "the channel layer is unavailable; try again"
@@ -196,3 +198,28 @@ async def test_sigterm_drains_streams_cleanly_and_exits(http: httpx.AsyncClient)
         response = await post(http, other.url, rpc(2, "custom/ping"), connection_id)
         assert response.status_code == 404
         assert not other.errors()
+
+
+async def test_a_slow_worker_is_not_taken_for_dead(http: httpx.AsyncClient) -> None:
+    """The host's worker is frozen past WORKER_TIMEOUT_SECONDS but its heartbeat is fresh: a
+    request through another worker waits for it instead of answering 404."""
+    async with running(size=2, ACP_WORKER_TIMEOUT_SECONDS="0.2") as cluster:
+        host, other = cluster.workers
+        connection_id = await initialize(http, host.url)
+        async with open_sse(http, other.url, connection_id) as reader:
+            freeze = asyncio.create_task(
+                post(http, host.url, rpc(1, "test/block_loop", {"seconds": 1.2}), connection_id)
+            )
+            health = host.url.removesuffix("acp") + "health"
+            for _ in range(100):  # until the host stops answering: it is frozen
+                try:
+                    await http.get(health, timeout=0.2)
+                except httpx.TimeoutException:
+                    break
+            else:
+                raise AssertionError("the host never froze")
+            response = await post(http, other.url, rpc(2, "custom/ping"), connection_id)
+            assert response.status_code == 202  # not 404: the frozen worker is alive
+            assert (await freeze).status_code == 202
+            ids = {(await reader.next())["id"], (await reader.next())["id"]}
+        assert ids == {1, 2}

@@ -14,6 +14,7 @@ Requests it understands (everything else is echoed: result {"method": m, "params
 - test/ask: sends the client a request {"id": params.askId, "method": "test/question",
   "params": {"sessionId"?}} then replies.
 - test/exit: replies, emits params.final (a notification) if given, then ends.
+- test/block_loop: blocks the worker's event loop for params.seconds (an overloaded worker).
 - test/block_input: replies, then stops taking input: every later send() waits (backpressure).
 A batch gets one grouped reply array of echoes (malformed call entries get -32600 slots);
 notification-only batches get nothing; malformed frames get the SDK-style -32700/-32600.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from acp_channels import protocol
@@ -91,6 +93,9 @@ class WireAgent:
             if "sessionId" in params:
                 question["params"] = {"sessionId": params["sessionId"]}
             self._emit(Single(question))
+            self._reply(message, {"ok": True})
+        elif method == "test/block_loop":
+            time.sleep(float(params.get("seconds", 1)))  # freezes the whole worker: an overload
             self._reply(message, {"ok": True})
         elif method == "test/block_input":
             self._reply(message, {"ok": True})
