@@ -153,8 +153,8 @@ class RemoteStream:
                     {"lease": self.lease_id, "ack": self.acked, "wait": wait},
                     timeout=wait + worker_timeout(),
                 )
-            except (HostUnreachable, Exception):
-                return None  # the host's worker or the layer is gone: the stream ends
+            except Exception:  # HostUnreachable, LayerUnavailable: the stream ends
+                return None
             if result.get("end"):
                 return None
             self.acked = result["seq"]

@@ -7,7 +7,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any, Final, TypeAlias, TypeVar
 
 from acp_channels import protocol
@@ -114,7 +114,14 @@ class TransportBase:
     #: What a closed transport says when no failure ended it.
     closed_text = "transport is closed"
 
-    def __init__(self) -> None:
+    def __init__(
+        self, endpoint: str, headers: Mapping[str, str] | None, timeout: float | None, max_message_size: int
+    ) -> None:
+        self.endpoint = endpoint
+        self.connection_id: str | None = None
+        self._headers = dict(headers or {})
+        self._timeout = timeout
+        self._max_message_size = max_message_size
         self._inbox = Inbox()
         self.error: TransportError | None = None
         self._failed = asyncio.Event()

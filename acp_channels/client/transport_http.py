@@ -134,14 +134,9 @@ class HttpTransport(TransportBase):
         reconnect: ReconnectPolicy | None = None,
         max_message_size: int = 64 * 1024 * 1024,
     ) -> None:
-        super().__init__()
-        self.endpoint = endpoint
-        self.connection_id: str | None = None
-        self._headers = dict(headers or {})
-        self._timeout = timeout
+        super().__init__(endpoint, headers, timeout, max_message_size)
         self._stream_idle_timeout = stream_idle_timeout
         self._reconnect = reconnect
-        self._max_message_size = max_message_size
         self._owns_client = http_client is None
         if http_client is None:
             http_client = httpx.AsyncClient(

@@ -54,12 +54,7 @@ class WebSocketTransport(TransportBase):
         max_message_size: int = 64 * 1024 * 1024,
         ping_interval: float | None = 20.0,
     ) -> None:
-        super().__init__()
-        self.endpoint = endpoint
-        self.connection_id: str | None = None
-        self._headers = dict(headers or {})
-        self._timeout = timeout
-        self._max_message_size = max_message_size
+        super().__init__(endpoint, headers, timeout, max_message_size)
         self._ping_interval = ping_interval
         self.cookies = httpx.Cookies(cookies)
         self._socket: ClientConnection | None = None

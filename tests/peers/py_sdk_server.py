@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from typing import Any
 
 import uvicorn
 from acp.http.asgi import create_asgi_app
@@ -19,16 +20,19 @@ from acp.http.asgi import create_asgi_app
 from demo_project.agent import create_agent
 
 
-def main() -> None:
-    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+def serve_uvicorn(app: Any, port: int = 0, **config: Any) -> None:
+    """Bind 127.0.0.1:`port` (backlog 2048), print `LISTENING <port>`, then serve `app`."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(2048)
     print(f"LISTENING {sock.getsockname()[1]}", flush=True)
-    app = create_asgi_app(lambda connection: create_agent())
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws_max_size=64 * 1024 * 1024)
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **config)).run(sockets=[sock])
+
+
+def main() -> None:
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    serve_uvicorn(create_asgi_app(lambda connection: create_agent()), port, ws_max_size=64 * 1024 * 1024)
 
 
 if __name__ == "__main__":
