@@ -32,6 +32,13 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors += _check_number("SHUTDOWN_GRACE_SECONDS", float, "acp_channels.E011")
     errors += _check_number("IDLE_TIMEOUT_SECONDS", float, "acp_channels.E012", optional=True)
     errors += _check_number("WORKER_TIMEOUT_SECONDS", float, "acp_channels.E014")
+    errors += _check_number("MAX_WORKER_BUFFERED_BYTES", int, "acp_channels.E015")
+    errors += _check_number("MAX_SESSION_STREAMS", int, "acp_channels.E016")
+    errors += _check_number("MAX_PENDING_REQUESTS", int, "acp_channels.E017")
+    errors += _check_number("MAX_BATCH_ENTRIES", int, "acp_channels.E018")
+    errors += _check_number("HEADER_TIMEOUT_SECONDS", float, "acp_channels.E019")
+    errors += _check_number("BODY_TIMEOUT_SECONDS", float, "acp_channels.E020")
+    errors += _check_budgets()
     errors += _check_cors()
     errors += [
         Warning(
@@ -83,6 +90,19 @@ def _check_number(
         return [
             Error(
                 f"ACP_CHANNELS['{name}'] must be {allowed}{' or None' if optional else ''}, not {value!r}.", id=check_id
+            )
+        ]
+    return []
+
+
+def _check_budgets() -> list[CheckMessage]:
+    per_connection, per_worker = acp_settings.MAX_BUFFERED_BYTES, acp_settings.MAX_WORKER_BUFFERED_BYTES
+    if isinstance(per_connection, int) and isinstance(per_worker, int) and per_connection > per_worker:
+        return [
+            Warning(
+                f"MAX_BUFFERED_BYTES ({per_connection}) is larger than MAX_WORKER_BUFFERED_BYTES ({per_worker}).",
+                hint="One connection could then hold the whole worker's budget; lower MAX_BUFFERED_BYTES.",
+                id="acp_channels.W003",
             )
         ]
     return []

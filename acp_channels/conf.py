@@ -23,16 +23,32 @@ DEFAULTS: Final[dict[str, Any]] = {
     "MAX_BODY_BYTES": 16 * 1024 * 1024,
     # An SSE stream idle this long gets a `: ` comment so proxies and clients keep it open.
     "KEEPALIVE_SECONDS": 15.0,
-    # Output a connection may hold for readers that are slow or absent. Beyond it the host
-    # stops taking the agent's output (backpressure) instead of growing without bound.
-    "MAX_BUFFERED_BYTES": 64 * 1024 * 1024,
+    # Output one connection may hold for readers that are slow or absent, counting bytes handed
+    # to the server and not yet written to the socket. Beyond it the host stops taking the
+    # agent's output (backpressure) instead of growing without bound; nothing is dropped.
+    "MAX_BUFFERED_BYTES": 4 * 1024 * 1024,
+    # The same, summed over every connection of one worker process: past it, every connection's
+    # agent output waits, and initialize answers 503.
+    "MAX_WORKER_BUFFERED_BYTES": 256 * 1024 * 1024,
     # How long an initialize POST waits for the agent's reply before 504; None waits forever.
     "INITIALIZE_TIMEOUT": 60.0,
     # Connections one worker process hosts at once; beyond it initialize gets 503. None: no cap.
-    "MAX_CONNECTIONS": None,
+    "MAX_CONNECTIONS": 1000,
+    # Session streams (mailboxes) one connection may have at once; a GET for another gets 429.
+    "MAX_SESSION_STREAMS": 64,
+    # Client requests one connection may have waiting for the agent's reply; more get 429 (HTTP)
+    # or a JSON-RPC error (WebSocket).
+    "MAX_PENDING_REQUESTS": 1000,
+    # Entries in one JSON-RPC batch; a larger batch gets a -32600 error and none of it is
+    # dispatched. Batches are processed in slices that let other clients run.
+    "MAX_BATCH_ENTRIES": 1000,
+    # Seconds a client may take to send a request's headers, and then its body (slowloris);
+    # past them the server answers 408 and closes the socket (under daphne).
+    "HEADER_TIMEOUT_SECONDS": 10.0,
+    "BODY_TIMEOUT_SECONDS": 60.0,
     # A connection with no POST and no stream reader for this long is ended (its agent shut
     # down), as if DELETEd: clients that vanish do not keep agents forever. None: never.
-    "IDLE_TIMEOUT_SECONDS": 3600.0,
+    "IDLE_TIMEOUT_SECONDS": 300.0,
     # Several workers: how long a worker may take to acknowledge a call from another one before
     # it is taken for dead (its connections then answer 404). Raise it for overloaded workers.
     "WORKER_TIMEOUT_SECONDS": 1.5,

@@ -75,16 +75,29 @@ def _agent() -> str | dict[str, Any]:
     return "demo_project.agent.create_agent"
 
 
+def _acp_settings_from_environment() -> dict[str, Any]:
+    """ACP_<KEY>=value overrides one ACP_CHANNELS key (ACP_MAX_CONNECTIONS=none: no cap); a key
+    not in the environment keeps acp_channels' production default."""
+    from acp_channels.conf import DEFAULTS
+
+    values: dict[str, Any] = {}
+    for key, default in DEFAULTS.items():
+        raw = os.environ.get(f"ACP_{key}")
+        if raw is None or key in ("AGENT", "CORS_ALLOWED_ORIGINS"):
+            continue
+        if raw.lower() == "none":
+            values[key] = None
+        elif isinstance(default, int) and not isinstance(default, bool):
+            values[key] = int(raw)
+        else:
+            values[key] = float(raw)
+    return values
+
+
 ACP_CHANNELS = {
     "AGENT": _agent(),
-    "AGENT_SHUTDOWN_GRACE": float(os.environ.get("ACP_AGENT_SHUTDOWN_GRACE", "2")),
-    "KEEPALIVE_SECONDS": float(os.environ.get("ACP_KEEPALIVE_SECONDS", "15")),
-    "MAX_BODY_BYTES": int(os.environ.get("ACP_MAX_BODY_BYTES", str(16 * 1024 * 1024))),
-    "MAX_BUFFERED_BYTES": int(os.environ.get("ACP_MAX_BUFFERED_BYTES", str(64 * 1024 * 1024))),
-    "SHUTDOWN_GRACE_SECONDS": float(os.environ.get("ACP_SHUTDOWN_GRACE_SECONDS", "10")),
-    "IDLE_TIMEOUT_SECONDS": float(os.environ.get("ACP_IDLE_TIMEOUT_SECONDS", "3600")),
-    "WORKER_TIMEOUT_SECONDS": float(os.environ.get("ACP_WORKER_TIMEOUT_SECONDS", "1.5")),
     "CORS_ALLOWED_ORIGINS": _origins(os.environ.get("ACP_CORS_ALLOWED_ORIGINS", "")),
+    **_acp_settings_from_environment(),
 }
 
 # django-cors-headers: only the ACP endpoint is ever enabled (by acp_channels, for listed origins).

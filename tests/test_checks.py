@@ -1,4 +1,4 @@
-"""System checks for ACP_CHANNELS (acp_channels.E001...E010, W001, W002)."""
+"""System checks for ACP_CHANNELS (acp_channels.E001...E020, W001...W003)."""
 
 from __future__ import annotations
 
@@ -101,8 +101,20 @@ def test_agent_callables_pass(settings: Any, path: str) -> None:
 # --------------------------------------------------------------------------------------------
 # E002-E006: numbers
 
-INT_SETTINGS = [("MAX_BODY_BYTES", "acp_channels.E002"), ("MAX_BUFFERED_BYTES", "acp_channels.E004")]
-FLOAT_SETTINGS = [("KEEPALIVE_SECONDS", "acp_channels.E003"), ("INITIALIZE_TIMEOUT", "acp_channels.E005")]
+INT_SETTINGS = [
+    ("MAX_BODY_BYTES", "acp_channels.E002"),
+    ("MAX_BUFFERED_BYTES", "acp_channels.E004"),
+    ("MAX_WORKER_BUFFERED_BYTES", "acp_channels.E015"),
+    ("MAX_SESSION_STREAMS", "acp_channels.E016"),
+    ("MAX_PENDING_REQUESTS", "acp_channels.E017"),
+    ("MAX_BATCH_ENTRIES", "acp_channels.E018"),
+]
+FLOAT_SETTINGS = [
+    ("KEEPALIVE_SECONDS", "acp_channels.E003"),
+    ("INITIALIZE_TIMEOUT", "acp_channels.E005"),
+    ("HEADER_TIMEOUT_SECONDS", "acp_channels.E019"),
+    ("BODY_TIMEOUT_SECONDS", "acp_channels.E020"),
+]
 OPTIONAL = {"INITIALIZE_TIMEOUT", "MAX_CONNECTIONS"}
 ALL_NUMBERS = [*INT_SETTINGS, *FLOAT_SETTINGS, ("MAX_CONNECTIONS", "acp_channels.E006")]
 
@@ -129,7 +141,7 @@ def test_integer_settings_refuse_floats(settings: Any, key: str, check_id: str) 
 
 @pytest.mark.parametrize(("key", "check_id"), ALL_NUMBERS)
 def test_positive_values_pass(settings: Any, key: str, check_id: str) -> None:
-    acp(settings, **{key: 1})
+    acp(settings, MAX_BUFFERED_BYTES=1, **{key: 1})
     assert check_settings() == []
     if (key, check_id) in FLOAT_SETTINGS:
         acp(settings, **{key: 0.25})
@@ -170,6 +182,24 @@ def test_every_bad_value_is_reported(settings: Any) -> None:
         "acp_channels.E007",
         "acp_channels.W001",
     ]
+
+
+def test_connection_budget_larger_than_worker_budget_warns(settings: Any) -> None:
+    acp(settings, MAX_BUFFERED_BYTES=2048, MAX_WORKER_BUFFERED_BYTES=1024)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.W003"]
+    assert isinstance(messages[0], Warning)
+
+
+def test_defaults_are_production_caps() -> None:
+    """Safe by default: every cap is on without configuration."""
+    from acp_channels.conf import DEFAULTS
+
+    for key in ("MAX_CONNECTIONS", "MAX_SESSION_STREAMS", "MAX_PENDING_REQUESTS", "MAX_BATCH_ENTRIES"):
+        assert isinstance(DEFAULTS[key], int), key
+    assert DEFAULTS["MAX_BUFFERED_BYTES"] <= 8 * 1024 * 1024
+    assert DEFAULTS["MAX_BUFFERED_BYTES"] < DEFAULTS["MAX_WORKER_BUFFERED_BYTES"]
+    assert DEFAULTS["IDLE_TIMEOUT_SECONDS"] <= 600
 
 
 # --------------------------------------------------------------------------------------------
