@@ -97,7 +97,9 @@ def _check_number(
 
 def _check_budgets() -> list[CheckMessage]:
     per_connection, per_worker = acp_settings.MAX_BUFFERED_BYTES, acp_settings.MAX_WORKER_BUFFERED_BYTES
-    valid = all(isinstance(value, int) and not isinstance(value, bool) and value > 0 for value in (per_connection, per_worker))
+    valid = all(
+        isinstance(value, int) and not isinstance(value, bool) and value > 0 for value in (per_connection, per_worker)
+    )
     if valid and per_connection > per_worker:
         return [
             Warning(

@@ -141,7 +141,7 @@ def test_integer_settings_refuse_floats(settings: Any, key: str, check_id: str) 
 
 @pytest.mark.parametrize(("key", "check_id"), ALL_NUMBERS)
 def test_positive_values_pass(settings: Any, key: str, check_id: str) -> None:
-    acp(settings, MAX_BUFFERED_BYTES=1, **{key: 1})
+    acp(settings, **{"MAX_BUFFERED_BYTES": 1, key: 1})
     assert check_settings() == []
     if (key, check_id) in FLOAT_SETTINGS:
         acp(settings, **{key: 0.25})
