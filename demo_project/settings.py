@@ -28,7 +28,7 @@ INSTALLED_APPS = [
 ]
 
 # Only ASGI-native middleware: each MiddlewareMixin-based one (SecurityMiddleware,
-# CommonMiddleware, ...) costs every request thread hops under ASGI (see README, Performance).
+# CommonMiddleware, ...) costs every request thread hops under ASGI (see bench/PROFILE.md, finding 1).
 MIDDLEWARE = [
     "corsheaders.middleware.CorsMiddleware",
 ]
@@ -38,8 +38,8 @@ ASGI_APPLICATION = "demo_project.asgi.application"
 DATABASES: dict[str, dict[str, str]] = {}
 USE_TZ = True
 
-# One process: the in-memory layer. Several workers: REDIS_URL=redis://host:6379/0 (see README,
-# "Deploying several workers"): capacity and expiry sized for ACP traffic between workers.
+# One process: the in-memory layer. Several workers: REDIS_URL=redis://host:6379/0 (see
+# docs/several-workers.md): capacity and expiry sized for ACP traffic between workers.
 REDIS_URL = os.environ.get("REDIS_URL")
 CHANNEL_LAYERS = {
     "default": {
