@@ -2,7 +2,8 @@
 requests it holds unanswered and a report of its host's state from inside the server process.
 
 - caps/hold: never answered until caps/answer_held (a request in flight as long as the test wants).
-- caps/answer_held: answers every held request (result {"held": true}), then itself.
+- caps/answer_held: answers every held request (result {"held": true}), then itself; sent as a
+  notification it works too (a connection at its cap of requests in flight can still send it).
 - caps/die: ends the agent at once, answering nothing (held requests never get replies).
 - caps/state: result {"sessionStreams", "pendingRequests" (this request included),
   "bufferedBytes", "workerBufferedBytes", "connections"} of the connection hosting this agent.
@@ -27,11 +28,12 @@ class CapsAgent(WireAgent):
         method = message.get("method")
         if method == "caps/hold" and "id" in message:
             self._held.append(message)
-        elif method == "caps/answer_held" and "id" in message:
+        elif method == "caps/answer_held":
             held, self._held = self._held, []
             for request in held:
                 self._reply(request, {"held": True})
-            self._reply(message, {"answered": len(held)})
+            if "id" in message:
+                self._reply(message, {"answered": len(held)})
         elif method == "caps/die":
             self._end()
         elif method == "caps/state" and "id" in message:
