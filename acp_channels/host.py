@@ -162,6 +162,8 @@ class Mailbox:
         self.closed = False
 
     def push(self, item: str) -> None:
+        if self.closed and self._holder is None:
+            return  # nobody can read it any more
         self._items.append(item)
         self._budget.add(len(item))
         self._wakeup.set()

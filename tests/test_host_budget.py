@@ -142,6 +142,7 @@ async def test_a_closed_stream_nobody_reads_is_dropped_and_uncounted() -> None:
     token = read.acquire()
     unread.close()
     read.close()
+    unread.push("late")
     assert budget.used == 20  # the reader still drains what is queued
     assert await read.take(0) == ["r" * 20]
     assert await read.take(0) is None
