@@ -13,7 +13,7 @@ from acp_channels import daphne_compat, protocol
 from acp_channels.agents import AgentClosed, create_agent_channel
 from acp_channels.conf import acp_settings
 from acp_channels.cors import origin_allowed
-from acp_channels.host import ConnectionHost, registry
+from acp_channels.host import ConnectionHost, ServerFull, registry
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import InboundPlan
 
@@ -46,6 +46,10 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             self.host = registry.create(
                 create_agent_channel, "websocket", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES
             )
+        except ServerFull:  # at MAX_CONNECTIONS or the worker's output budget
+            await self.accept()
+            await self.close(code=TRY_AGAIN_LATER)
+            return
         except Exception:
             logger.exception("the agent could not be started")
             await self.accept()

@@ -4,6 +4,11 @@
 process is called directly (no serialization, no layer); a host on another worker is reached
 through the channel layer (`worker.bus`), and this module also serves those calls for the hosts
 this process owns.
+
+Op results (a dict; `error` names a refusal the caller turns into the same answer as for a host
+in its own process): submit -> ok | error unknown, session (text), pending (limit), closed;
+lease -> ok | error unknown, busy, streams (limit); take -> items + seq | end;
+terminate -> ok | error unknown; probe -> alive.
 """
 
 from __future__ import annotations
@@ -14,7 +19,15 @@ from typing import Any, Protocol
 
 from acp_channels import protocol
 from acp_channels.agents import AgentClosed
-from acp_channels.host import ConnectionHost, Mailbox, StreamBusy, StreamLease, registry
+from acp_channels.host import (
+    ConnectionHost,
+    Mailbox,
+    StreamBusy,
+    StreamLease,
+    TooManyRequests,
+    TooManyStreams,
+    registry,
+)
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import InboundPlan, SessionHeaderError, StreamKey
 from acp_channels.worker import (
@@ -114,6 +127,8 @@ class RemoteHandle:
         )
         if result.get("error") == "session":
             raise SessionHeaderError(result["text"])
+        if result.get("error") == "pending":
+            raise TooManyRequests(int(result["limit"]))
         if result.get("error") == "closed":
             raise AgentClosed("agent closed")
 
@@ -125,6 +140,8 @@ class RemoteHandle:
         )
         if result.get("error") == "busy":
             raise StreamBusy
+        if result.get("error") == "streams":
+            raise TooManyStreams(int(result["limit"]))
         _active_readers.add(lease_id)
         return RemoteStream(self.worker_id, lease_id)
 
@@ -198,8 +215,9 @@ class LeaseOnHost:
         self._arm()
 
     def acknowledge(self, seq: int) -> None:
-        if seq == self.seq:
+        if seq == self.seq and self.in_flight:
             self.in_flight = []
+            self.mailbox.settle()  # written on the reader's side: it stops counting
 
     async def take(self, wait: float, ack: int) -> dict[str, Any]:
         self.acknowledge(ack)
@@ -277,6 +295,8 @@ async def serve_submit(message: dict[str, Any]) -> dict[str, Any]:
         await host.submit(plan)
     except SessionHeaderError as error:
         return {"error": "session", "text": str(error)}
+    except TooManyRequests as error:
+        return {"error": "pending", "limit": error.limit}
     except AgentClosed:
         return {"error": "closed"}
     return {"ok": True}
@@ -287,14 +307,14 @@ async def serve_lease(message: dict[str, Any]) -> dict[str, Any]:
     if host is None:
         return {"error": "unknown"}
     try:
+        await release_if_reader_gone(host.stream_for_reader(message["stream"]))
+        # Looked up again: a stream released empty just now was forgotten (a new one is made).
         mailbox = host.stream_for_reader(message["stream"])
-    except StreamBusy:
-        return {"error": "busy"}
-    await release_if_reader_gone(mailbox)
-    try:
         _leases_on_host[message["lease"]] = LeaseOnHost(message["lease"], message["reader"], mailbox)
     except StreamBusy:
         return {"error": "busy"}
+    except TooManyStreams as error:
+        return {"error": "streams", "limit": error.limit}
     return {"ok": True}
 
 

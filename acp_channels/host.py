@@ -4,6 +4,11 @@ One `ConnectionHost` per ACP connection owns its agent, the reply routes recorde
 the outbound router and the per-stream mailboxes. The edges (views, consumer) talk to it through
 a few message-shaped operations: submit a planned frame, initialize, lease a stream, take
 deliveries, terminate. `Registry` maps connection ids to hosts in this process.
+
+Everything a connection holds is bounded: undelivered output by its budget (bytes queued plus
+bytes handed to a reader and not yet confirmed written) and by the worker's budget summed over
+every connection; session streams by MAX_SESSION_STREAMS (empty, unread streams disappear);
+requests waiting for the agent's reply by MAX_PENDING_REQUESTS.
 """
 
 from __future__ import annotations
@@ -12,18 +17,31 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Final, Literal
 
 from acp_channels import protocol
 from acp_channels.agents import AgentChannel, AgentClosed
-from acp_channels.protocol import Frame, InboundPlan, StreamKey
+from acp_channels.protocol import Batch, Frame, InboundPlan, Single, StreamKey
 from acp_channels.worker import bus, new_connection_id
 
 logger = logging.getLogger(__name__)
 
 TransportKind = Literal["http", "websocket"]
+
+#: One take hands a reader at most about this much output (or one larger item), so what the
+#: server holds for a slow socket is bounded by a batch, not by everything queued.
+TAKE_BYTES: Final = 256 * 1024
+#: The JSON-RPC error a WebSocket request over MAX_PENDING_REQUESTS gets instead of forwarding.
+TOO_MANY_REQUESTS_CODE: Final = -32000
+TOO_MANY_REQUESTS_MESSAGE: Final = "too many requests in flight"
+
+
+def _setting(name: str) -> Any:
+    from acp_channels.conf import acp_settings
+
+    return getattr(acp_settings, name)
 
 
 class StreamBusy(Exception):
@@ -34,43 +52,118 @@ class AgentEnded(Exception):
     """The agent ended before it answered initialize."""
 
 
-class OutboundBudget:
-    """Bytes a connection holds for its readers; the router waits while it is over the limit."""
+class ServerFull(Exception):
+    """This worker takes no new connection now (503): it hosts MAX_CONNECTIONS, or it holds
+    MAX_WORKER_BUFFERED_BYTES of undelivered output."""
+
+    def __init__(self, reason: Literal["connections", "budget"]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TooManyStreams(Exception):
+    """A reader asked for a session stream beyond MAX_SESSION_STREAMS (429)."""
 
     def __init__(self, limit: int) -> None:
+        super().__init__(limit)
         self.limit = limit
+
+
+class TooManyRequests(Exception):
+    """A POST would put the connection over MAX_PENDING_REQUESTS (429); nothing was forwarded."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+def _wake(waiters: set[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done() and not waiter.get_loop().is_closed():
+            waiter.set_result(None)
+
+
+class WorkerBudget:
+    """Undelivered output summed over every connection of this process. While it is at its
+    limit every router waits, and no new connection is accepted."""
+
+    def __init__(self, limit: Callable[[], int]) -> None:
+        self._limit = limit  # read at use time: settings may change (tests)
         self.used = 0
-        self._room = asyncio.Event()
-        self._room.set()
+        # Futures, not an Event: this object outlives event loops (one per test).
+        self.waiters: set[asyncio.Future[None]] = set()
+
+    def full(self) -> bool:
+        return self.used >= self._limit()
 
     def add(self, size: int) -> None:
         self.used += size
-        if self.used >= self.limit:
-            self._room.clear()
 
     def release(self, size: int) -> None:
         self.used -= size
-        if self.used < self.limit:
-            self._room.set()
+        if self.waiters and not self.full():
+            _wake(self.waiters)
+
+
+class OutboundBudget:
+    """Bytes a connection holds for its readers; the router waits while it, or the worker's
+    total, is at the limit (backpressure: nothing is dropped)."""
+
+    def __init__(self, limit: int, worker: WorkerBudget | None = None) -> None:
+        self.limit = limit
+        self.used = 0
+        self.worker = worker
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    def add(self, size: int) -> None:
+        self.used += size
+        if self.worker is not None:
+            self.worker.add(size)
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        if self.worker is not None:
+            self.worker.release(size)
+        if self._waiters and self.used < self.limit:
+            _wake(self._waiters)
+
+    def has_room(self) -> bool:
+        return self.used < self.limit and (self.worker is None or not self.worker.full())
 
     async def wait_for_room(self) -> None:
-        await self._room.wait()
+        """Return once both budgets have room. Woken by whichever budget was full when it
+        frees bytes (no polling); the other one is checked again then."""
+        while not self.has_room():
+            waiters = self._waiters if self.used >= self.limit or self.worker is None else self.worker.waiters
+            waiter = asyncio.get_running_loop().create_future()
+            waiters.add(waiter)
+            try:
+                await waiter
+            finally:
+                waiters.discard(waiter)
 
 
 class Mailbox:
     """One outbound stream: serialized frames in order, kept until a reader takes them.
 
-    At most one reader holds the lease; releasing it keeps every item not yet taken.
+    At most one reader holds the lease; releasing it keeps every item not yet taken. What a
+    reader took stays counted in the budget until it comes back for more (it has written the
+    batch) or releases the lease (written, or the client is gone). A closed mailbox with no
+    reader can never be read: its items are dropped.
     """
 
-    def __init__(self, budget: OutboundBudget) -> None:
+    def __init__(self, budget: OutboundBudget, on_idle: Callable[[Mailbox], None] | None = None) -> None:
         self._items: deque[str] = deque()
         self._budget = budget
+        self._in_flight = 0  # bytes of the reader's last batch, not yet confirmed written
+        self._on_idle = on_idle
         self._wakeup = asyncio.Event()
         self._holder: object | None = None
         self.closed = False
 
     def push(self, item: str) -> None:
+        if self.closed and self._holder is None:
+            return  # nobody can read it any more
         self._items.append(item)
         self._budget.add(len(item))
         self._wakeup.set()
@@ -78,6 +171,7 @@ class Mailbox:
     def close(self) -> None:
         self.closed = True
         self._wakeup.set()
+        self._drop_if_unreadable()
 
     @property
     def leased(self) -> bool:
@@ -86,6 +180,11 @@ class Mailbox:
     @property
     def holder(self) -> object | None:
         return self._holder
+
+    @property
+    def empty(self) -> bool:
+        """Nothing queued and nothing in a reader's hands."""
+        return not self._items and not self._in_flight
 
     def acquire(self, holder: object | None = None) -> object:
         """Take the reader lease; the token returned (`holder`, or a new object) releases it."""
@@ -96,21 +195,43 @@ class Mailbox:
 
     def requeue(self, items: list[str]) -> None:
         """Put items a reader took but never confirmed back at the front, in order."""
+        size = sum(map(len, items))
+        back = min(size, self._in_flight)  # still counted as in flight
+        self._in_flight -= back
+        self._budget.add(size - back)  # already settled (a release raced the take): count again
         self._items.extendleft(reversed(items))
-        self._budget.add(sum(map(len, items)))
         if items:
             self._wakeup.set()
+        self._drop_if_unreadable()
+
+    def settle(self) -> None:
+        """The reader's last batch is written (or will never be): stop counting it."""
+        if self._in_flight:
+            self._budget.release(self._in_flight)
+            self._in_flight = 0
 
     def release(self, token: object) -> None:
-        if self._holder is token:
-            self._holder = None
+        if self._holder is not token:
+            return
+        self._holder = None
+        self.settle()
+        self._drop_if_unreadable()
+        if self._on_idle is not None and self.empty:
+            self._on_idle(self)
 
-    async def take(self, timeout: float | None, max_bytes: int | None = None) -> list[str] | None:
-        """What is queued (at least one item, up to about `max_bytes`), waiting up to `timeout`.
+    def _drop_if_unreadable(self) -> None:
+        if self.closed and self._holder is None and self._items:
+            self._budget.release(sum(map(len, self._items)))
+            self._items.clear()
 
+    async def take(self, timeout: float | None, max_bytes: int = TAKE_BYTES) -> list[str] | None:
+        """The next batch (at least one item, up to about `max_bytes`), waiting up to `timeout`.
+
+        The reader coming back means its previous batch is written: that one stops counting.
         Returns [] on timeout (time for a keep-alive) and None once the mailbox is closed and
         drained (the stream ends).
         """
+        self.settle()
         if not self._items and not self.closed:
             self._wakeup.clear()
             # asyncio.timeout, not wait_for (which can swallow a cancellation on Python 3.11).
@@ -119,19 +240,39 @@ class Mailbox:
                     await self._wakeup.wait()
         if not self._items:
             return None if self.closed else []
-        if max_bytes is None:
-            items = list(self._items)
-            self._items.clear()
-        else:
-            items, size = [], 0
-            while self._items and (not items or size + len(self._items[0]) <= max_bytes):
-                size += len(self._items[0])
-                items.append(self._items.popleft())
-        self._budget.release(sum(map(len, items)))
+        items: list[str] = []
+        size = 0
+        while self._items and (not items or size + len(self._items[0]) <= max_bytes):
+            size += len(self._items[0])
+            items.append(self._items.popleft())
+        self._in_flight += size
         return items
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class SocketOutbox(Mailbox):
+    """The single stream of a WebSocket connection. Its reader is the task that writes the
+    socket (the first to take): when that task ends, for any reason, the lease is released,
+    so a socket that went away never keeps output counted."""
+
+    #: Holds the lease until the writer's first take (output before it must wait for it).
+    _NOT_STARTED: Final = object()
+
+    def __init__(self, budget: OutboundBudget) -> None:
+        super().__init__(budget)
+        self.acquire(self._NOT_STARTED)
+
+    async def take(self, timeout: float | None, max_bytes: int = TAKE_BYTES) -> list[str] | None:
+        if self._holder is self._NOT_STARTED and (writer := asyncio.current_task()) is not None:
+            self._holder = writer  # handed over directly: a closed outbox keeps its items for it
+            writer.add_done_callback(self.release)
+        return await super().take(timeout, max_bytes)
+
+    def writer_never_started(self) -> None:
+        """The socket is gone before its writer took anything: nobody will read."""
+        self.release(self._NOT_STARTED)
 
 
 class StreamLease:
@@ -165,14 +306,20 @@ class ConnectionHost:
         *,
         max_buffered_bytes: int,
         on_end: Callable[[ConnectionHost], None],
+        worker_budget: WorkerBudget | None = None,
     ) -> None:
         self.connection_id = connection_id
         self.transport = transport
         self.agent = agent
-        self._budget = OutboundBudget(max_buffered_bytes)
+        self._budget = OutboundBudget(max_buffered_bytes, worker_budget)
         self._streams: dict[StreamKey, Mailbox] = {}
-        self._socket_outbox = Mailbox(self._budget)
+        self._socket_outbox = SocketOutbox(self._budget)
+        # HTTP: where each pending request's reply goes, by id; pinning their session streams.
         self._routes: dict[str, deque[StreamKey]] = {}
+        self._route_pins: dict[str, int] = {}
+        # WebSocket: ids of requests forwarded and not yet answered (one stream: no routes).
+        self._socket_requests: dict[str, int] = {}
+        self._pending_requests = 0
         # The stream each pending agent->client request went to, by id.
         self._agent_requests: dict[str, StreamKey] = {}
         self._router: asyncio.Task[None] | None = None
@@ -180,23 +327,69 @@ class ConnectionHost:
         self.ended = asyncio.Event()
         self.last_active = asyncio.get_running_loop().time()
 
+    @property
+    def pending_requests(self) -> int:
+        """Client requests forwarded to the agent and not yet answered."""
+        return self._pending_requests
+
+    @property
+    def session_streams(self) -> int:
+        """Session mailboxes this connection holds now."""
+        return len(self._streams) - (protocol.CONNECTION_STREAM in self._streams)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Undelivered output held for this connection's readers (queued or in their hands)."""
+        return self._budget.used
+
     # -- inbound -----------------------------------------------------------------------------
 
     async def submit(self, plan: InboundPlan) -> None:
-        """Record the replies' routes, then queue the frame for the agent (raises AgentClosed).
+        """Record the replies' routes, then queue the frame for the agent (raises AgentClosed,
+        and TooManyRequests over HTTP when the requests would exceed MAX_PENDING_REQUESTS).
 
         Routes exist before the agent can see the frame, so its reply is always routed right.
         """
         if self.ended.is_set():
             raise AgentClosed("connection ended")
         self.last_active = asyncio.get_running_loop().time()
+        if self.transport == "websocket":  # one stream: nothing to route, ids to count
+            await self._submit_to_socket_agent(plan.frame)
+            return
+        limit: int = _setting("MAX_PENDING_REQUESTS")
+        if plan.routes and self._pending_requests + len(plan.routes) > limit:
+            raise TooManyRequests(limit)
         self._match_responses(plan)
         for session_id in plan.sessions:
             self.stream(session_id)
-        if self.transport == "http":  # a WebSocket has one stream: nothing to route
-            for key, route in plan.routes:
-                self._routes.setdefault(key, deque()).append(route)
+        for key, route in plan.routes:
+            self._routes.setdefault(key, deque()).append(route)
+            if route is not None:
+                self._route_pins[route] = self._route_pins.get(route, 0) + 1
+        self._pending_requests += len(plan.routes)
+        for session_id in plan.sessions:  # a stream no reply will go to is not kept
+            self._collect(session_id)
         await self.agent.send(plan.frame)
+
+    async def _submit_to_socket_agent(self, frame: Frame) -> None:
+        """Forward a WebSocket frame, counting its requests; a frame that would put the
+        connection over MAX_PENDING_REQUESTS is not forwarded, and each of its requests gets
+        an error reply on the socket instead."""
+        ids = [
+            message["id"]
+            for message in protocol.frame_messages(frame)
+            if "method" in message and message.get("id") is not None
+        ]
+        limit: int = _setting("MAX_PENDING_REQUESTS")
+        if ids and self._pending_requests + len(ids) > limit:
+            await self._budget.wait_for_room()  # refusals are output too: a client that does not read waits
+            self._socket_outbox.push(protocol.serialize_frame(too_many_requests_reply(frame, ids, limit)))
+            return
+        for request_id in ids:
+            key = protocol.id_key(request_id)
+            self._socket_requests[key] = self._socket_requests.get(key, 0) + 1
+        self._pending_requests += len(ids)
+        await self.agent.send(frame)
 
     def _match_responses(self, plan: InboundPlan) -> None:
         """Check the session header of responses to agent requests, then forget those requests."""
@@ -235,24 +428,46 @@ class ConnectionHost:
             self._router = asyncio.create_task(self._run_router(), name=f"acp-router-{self.connection_id}")
 
     def stream(self, key: StreamKey) -> Mailbox:
-        """The mailbox of a stream, created on demand (§6.2)."""
+        """The mailbox of a stream, created on demand (§6.2). The agent's output and POSTs
+        may create session streams beyond MAX_SESSION_STREAMS: nothing the agent says is
+        dropped, and POSTs are bounded by MAX_PENDING_REQUESTS."""
         mailbox = self._streams.get(key)
         if mailbox is None:
-            mailbox = self._streams[key] = Mailbox(self._budget)
+            mailbox = self._streams[key] = Mailbox(self._budget, on_idle=lambda idle: self._collect(key, idle))
             if self.ended.is_set():
                 mailbox.close()
         return mailbox
 
     def stream_for_reader(self, key: StreamKey) -> Mailbox:
         """The mailbox an SSE reader leases. A WebSocket connection has no SSE streams: always
-        busy (409), as in the reference."""
+        busy (409), as in the reference. A new session stream beyond MAX_SESSION_STREAMS is
+        TooManyStreams (429)."""
         if self.transport == "websocket":
             raise StreamBusy
+        if key is not protocol.CONNECTION_STREAM and key not in self._streams:
+            limit: int = _setting("MAX_SESSION_STREAMS")
+            if self.session_streams >= limit:
+                raise TooManyStreams(limit)
         return self.stream(key)
 
     def lease(self, key: StreamKey) -> StreamLease:
         """Take the single-reader lease on an SSE stream; StreamBusy when it is taken (409)."""
         return StreamLease(self.stream_for_reader(key))
+
+    def _collect(self, key: StreamKey, mailbox: Mailbox | None = None) -> None:
+        """Forget a session stream nothing is in, nobody reads and no pending reply goes to:
+        a stream for a session the agent never created does not stay behind."""
+        current = self._streams.get(key)
+        if (
+            key is protocol.CONNECTION_STREAM
+            or current is None
+            or (mailbox is not None and current is not mailbox)
+            or current.leased
+            or not current.empty
+            or key in self._route_pins
+        ):
+            return
+        del self._streams[key]
 
     @property
     def socket_outbox(self) -> Mailbox:
@@ -274,21 +489,46 @@ class ConnectionHost:
 
     def _route(self, frame: Frame) -> None:
         if self.transport == "websocket":
+            self._count_socket_replies(frame)
             self._socket_outbox.push(protocol.serialize_frame(frame))
             return
-        key = protocol.route_outbound(frame, self._pop_route)
+        unpinned: list[str] = []
+        key = protocol.route_outbound(frame, lambda request: self._pop_route(request, unpinned))
         for message in protocol.frame_messages(frame):
             if "method" in message and message.get("id") is not None:
                 self._agent_requests[protocol.id_key(message["id"])] = key
         self.stream(key).push(protocol.serialize_frame(frame))
+        for session_id in unpinned:  # e.g. a batch's replies went to the connection stream
+            self._collect(session_id)
 
-    def _pop_route(self, key: str) -> StreamKey | Literal[False]:
+    def _count_socket_replies(self, frame: Frame) -> None:
+        for message in protocol.frame_messages(frame):
+            if "method" in message or message.get("id") is None:
+                continue
+            key = protocol.id_key(message["id"])
+            count = self._socket_requests.get(key, 0)
+            if count:
+                self._pending_requests -= 1
+                if count == 1:
+                    del self._socket_requests[key]
+                else:
+                    self._socket_requests[key] = count - 1
+
+    def _pop_route(self, key: str, unpinned: list[str]) -> StreamKey | Literal[False]:
         routes = self._routes.get(key)
         if not routes:
             return False
         route = routes.popleft()
         if not routes:
             del self._routes[key]
+        self._pending_requests -= 1
+        if route is not None:
+            pins = self._route_pins[route] - 1
+            if pins:
+                self._route_pins[route] = pins
+            else:
+                del self._route_pins[route]
+                unpinned.append(route)
         return route
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -300,10 +540,15 @@ class ConnectionHost:
         return now - self.last_active
 
     def _end(self) -> None:
-        """Close every stream (readers drain what is queued, then end) and unregister."""
+        """Close every stream (readers drain what is queued, then end; streams nobody reads
+        are dropped) and unregister. No reply will come: nothing is pending any more."""
         if self.ended.is_set():
             return
         self.ended.set()
+        self._routes.clear()
+        self._route_pins.clear()
+        self._socket_requests.clear()
+        self._pending_requests = 0
         for mailbox in self._streams.values():
             mailbox.close()
         self._socket_outbox.close()
@@ -312,20 +557,34 @@ class ConnectionHost:
     async def terminate(self) -> None:
         """End the connection now (DELETE, socket closed, failed initialize): abortive (§10)."""
         self._end()
+        self._socket_outbox.writer_never_started()  # if it never took, it never will
         if self._router is not None:
             self._router.cancel()
         await self.agent.close()
 
 
+def too_many_requests_reply(frame: Frame, ids: list[Any], limit: int) -> Frame:
+    """The error replies a refused WebSocket frame gets: one per request, a batch for a batch."""
+    errors = [
+        protocol.error_response(request_id, TOO_MANY_REQUESTS_CODE, TOO_MANY_REQUESTS_MESSAGE, {"limit": limit})
+        for request_id in ids
+    ]
+    return Batch(list[protocol.BatchEntry](errors)) if isinstance(frame, Batch) else Single(errors[0])
+
+
 class Registry:
-    """The connections hosted by this process, by id."""
+    """The connections hosted by this process, by id, and their summed output budget."""
 
     def __init__(self) -> None:
         self._hosts: dict[str, ConnectionHost] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self.budget = WorkerBudget(lambda: int(_setting("MAX_WORKER_BUFFERED_BYTES")))
 
     def __len__(self) -> int:
         return len(self._hosts)
+
+    def __iter__(self) -> Iterator[ConnectionHost]:
+        return iter(list(self._hosts.values()))
 
     def get(self, connection_id: str) -> ConnectionHost | None:
         return self._hosts.get(connection_id)
@@ -333,7 +592,15 @@ class Registry:
     def create(
         self, agent_factory: Callable[[str], AgentChannel], transport: TransportKind, *, max_buffered_bytes: int
     ) -> ConnectionHost:
-        """A new connection with a new agent (the factory gets the connection id, for logging)."""
+        """A new connection with a new agent (the factory gets the connection id, for logging).
+
+        ServerFull when this worker hosts MAX_CONNECTIONS, or holds its whole output budget.
+        """
+        max_connections: int | None = _setting("MAX_CONNECTIONS")
+        if max_connections is not None and len(self._hosts) >= max_connections:
+            raise ServerFull("connections")
+        if self.budget.full():
+            raise ServerFull("budget")
         connection_id = new_connection_id()
         bus.ensure_listening()  # other workers must be able to reach this host
         host = ConnectionHost(
@@ -342,15 +609,14 @@ class Registry:
             transport,
             max_buffered_bytes=max_buffered_bytes,
             on_end=self._forget,
+            worker_budget=self.budget,
         )
         self._hosts[connection_id] = host
         self._ensure_reaper()
         return host
 
     def _ensure_reaper(self) -> None:
-        from acp_channels.conf import acp_settings
-
-        timeout: float | None = acp_settings.IDLE_TIMEOUT_SECONDS
+        timeout: float | None = _setting("IDLE_TIMEOUT_SECONDS")
         loop = asyncio.get_running_loop()
         if timeout is None or (
             self._reaper is not None and not self._reaper.done() and self._reaper.get_loop() is loop
@@ -360,10 +626,12 @@ class Registry:
 
     async def _reap(self, timeout: float) -> None:
         """End connections nobody uses: no POST and no stream reader for `timeout` seconds
-        (a client that vanished without DELETE would otherwise keep its agent forever)."""
+        (a client that vanished without DELETE would otherwise keep its agent, and the output
+        its agent went on producing, up to its budget, forever)."""
         loop = asyncio.get_running_loop()
         while self._hosts:
-            await asyncio.sleep(min(timeout / 2, 30.0))  # a sweep interval, not a wait for an event
+            # A sweep interval, not a wait for an event: ended within timeout + 30 s at most.
+            await asyncio.sleep(sweep_interval(timeout))
             now = loop.time()
             for host in list(self._hosts.values()):
                 if host.idle_since(now) > timeout:
@@ -377,6 +645,12 @@ class Registry:
     async def terminate_all(self) -> None:
         for host in list(self._hosts.values()):
             await host.terminate()
+
+
+def sweep_interval(idle_timeout: float) -> float:
+    """How often the reaper looks: often enough that an idle connection outlives its timeout by
+    at most half of it, and by at most 30 s."""
+    return min(idle_timeout / 2, 30.0)
 
 
 registry = Registry()

@@ -18,7 +18,7 @@ from acp_channels import cors, protocol
 from acp_channels.agents import AgentClosed, create_agent_channel
 from acp_channels.conf import acp_settings
 from acp_channels.gateway import StreamReader, locate
-from acp_channels.host import AgentEnded, StreamBusy, registry
+from acp_channels.host import AgentEnded, ServerFull, StreamBusy, TooManyRequests, TooManyStreams, registry
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import CONNECTION_HEADER, SESSION_HEADER, Frame, SessionHeaderError
 from acp_channels.worker import AgentBusy, HostUnreachable, LayerUnavailable
@@ -33,6 +33,14 @@ CONNECTION_REQUIRED = "Acp-Connection-Id header required"
 MUST_ACCEPT_SSE = "client must accept text/event-stream"
 STREAM_TAKEN = "outbound stream already has a subscriber"
 TOO_MANY_CONNECTIONS = "too many ACP connections on this server"
+WORKER_BUDGET_FULL = "this server is holding too much undelivered output; try again"
+TOO_MANY_SESSION_STREAMS = "too many session streams on this connection (at most {limit}); close one and try again"
+TOO_MANY_PENDING_REQUESTS = "too many requests in flight on this connection (at most {limit}); wait for replies"
+#: Retry-After seconds: connections live long, undelivered output drains as readers read, and a
+#: connection's own streams and requests free up as soon as it closes or gets replies.
+RETRY_AFTER_CONNECTIONS = 10
+RETRY_AFTER_BUDGET = 2
+RETRY_AFTER_CONNECTION_CAP = 1
 SHUTTING_DOWN = "this server is shutting down; connect again"
 LAYER_UNAVAILABLE = "the channel layer is unavailable; try again"
 AGENT_BUSY = "the agent did not take the message in time; try again"
@@ -77,6 +85,13 @@ def text_response(status: int, body: str = "") -> HttpResponse:
         return HttpResponse(body, status=status, content_type="text/plain; charset=utf-8")
     response = HttpResponse(status=status)
     del response["Content-Type"]
+    return response
+
+
+def refused(status: int, body: str, retry_after: int) -> HttpResponse:
+    """A cap answer (429 for one connection's caps, 503 for the worker's): try again later."""
+    response = text_response(status, body)
+    response["Retry-After"] = str(retry_after)
     return response
 
 
@@ -135,6 +150,8 @@ async def post(request: HttpRequest) -> HttpResponseBase:
         await handle.submit(plan)
     except SessionHeaderError as error:
         return text_response(400, str(error))
+    except TooManyRequests as error:
+        return refused(429, TOO_MANY_PENDING_REQUESTS.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
     except REACHING_THE_HOST as error:
         return host_unavailable(error)
     except AgentClosed:
@@ -154,11 +171,12 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> Htt
 
     if lifecycle.draining:
         return text_response(503, SHUTTING_DOWN)
-    max_connections: int | None = acp_settings.MAX_CONNECTIONS
-    if max_connections is not None and len(registry) >= max_connections:
-        return text_response(503, TOO_MANY_CONNECTIONS)
     try:
         host = registry.create(create_agent_channel, "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES)
+    except ServerFull as error:
+        if error.reason == "connections":
+            return refused(503, TOO_MANY_CONNECTIONS, RETRY_AFTER_CONNECTIONS)
+        return refused(503, WORKER_BUDGET_FULL, RETRY_AFTER_BUDGET)
     except Exception:
         logger.exception("the agent could not be started")
         return text_response(500, AGENT_NOT_STARTED)
@@ -210,6 +228,8 @@ async def open_stream(request: HttpRequest) -> HttpResponseBase:
         lease = await handle.lease(session_id)
     except StreamBusy:
         return text_response(409, STREAM_TAKEN)
+    except TooManyStreams as error:
+        return refused(429, TOO_MANY_SESSION_STREAMS.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
     except REACHING_THE_HOST as error:
         return host_unavailable(error)
     if request.method == "HEAD":
