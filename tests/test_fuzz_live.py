@@ -281,6 +281,35 @@ def test_huge_strings_within_the_body_limit(demo: DaphneServer, demo_connection:
         assert isinstance(result, RawResponse) and result.status == 413, result
 
 
+def test_large_batches_of_random_shapes(demo: DaphneServer, demo_connection: str) -> None:
+    """Batches around and well past the default MAX_BATCH_ENTRIES (1000), mixing requests,
+    notifications, responses, duplicate ids and junk entries: an answer for each, never a 5xx."""
+    generator = random.Random(11)
+
+    def entry(index: int) -> Any:
+        kind = generator.randrange(6)
+        if kind == 0:
+            return rpc(index, "authenticate", {"methodId": "x"})
+        if kind == 1:
+            return rpc(generator.choice([1, "1", index, None]), generator.choice(REAL_METHODS), {})
+        if kind == 2:
+            return {"jsonrpc": "2.0", "method": "_fuzz/note", "params": {"n": index}}
+        if kind == 3:
+            return {"jsonrpc": "2.0", "id": f"agent-{index}", "result": None}
+        if kind == 4:
+            return generator.choice([None, 1, "x", [], {}, [[]], {"jsonrpc": "1.0"}])
+        return {"jsonrpc": "2.0", "id": index, "method": "x" * generator.randrange(1, 2000)}
+
+    headers = [("Content-Type", "application/json"), ("Acp-Connection-Id", demo_connection)]
+    with clean_log(demo):
+        for size in (1, 999, 1000, 1001, 5000, 20000):
+            body = json.dumps([entry(index) for index in range(size)]).encode()
+            result = exchange(demo.port, rawhttp.request_bytes("POST", "/acp", headers, body))
+            assert isinstance(result, RawResponse) and result.status in (202, 400, 413, 429), (size, result)
+        probe = exchange(demo.port, rawhttp.request_bytes("POST", "/acp", headers, json.dumps(rpc(5, "x")).encode()))
+        assert isinstance(probe, RawResponse) and probe.status == 202, probe
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="finding F4: a client notification the SDK agent has no handler for (e.g. method 'foo/bar', "
