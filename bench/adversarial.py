@@ -452,6 +452,7 @@ def abandoned(ctx: Context) -> None:
     ctx.out["statuses"] = dict(statuses)
     ctx.out["connections"] = opened
     ctx.out["connections_per_s"] = round(opened / elapsed, 1)
+    ctx.out["requests_per_s"] = round(sum(statuses.values()) / elapsed, 1)
     ctx.out["growth_mb"] = ctx.growth(ctx.trace.now())
     ctx.out["growth_per_1000_mb"] = round(ctx.growth(ctx.trace.now()) / opened * 1000, 1) if opened else None
     ctx.trace.wait_flat(SETTINGS["after_flat_s"], SETTINGS["after_max_s"])
@@ -590,7 +591,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("e_made_up_sessions", "seconds", "took (s)"),
     ("e_made_up_sessions", "growth_mb", "RSS growth after (MB)"),
     ("f_abandoned", "connections", "connections opened"),
-    ("f_abandoned", "connections_per_s", "connections per second"),
+    ("f_abandoned", "connections_per_s", "connections opened per second"),
+    ("f_abandoned", "requests_per_s", "initialize requests answered per second"),
     ("f_abandoned", "statuses", "statuses"),
     ("f_abandoned", "growth_mb", "RSS growth at the end (MB)"),
     ("f_abandoned", "growth_per_1000_mb", "RSS growth per 1,000 connections (MB)"),
