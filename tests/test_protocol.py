@@ -6,6 +6,7 @@ conformance checklist, re-expressed here at the function level.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections import deque
 from typing import Any, Literal
@@ -271,6 +272,19 @@ class TestParseFrame:
         assert isinstance(parse_frame('{"t":"12345678901234567890","x":NaN}'), Malformed)
         assert isinstance(parse_frame('{"t":"12345678901234567890","x":1e400}'), Malformed)
         assert isinstance(parse_frame('{"t":"12345678901234567890","u":"\\ud800"}'), Malformed)
+
+    def test_decoding_big_text_leaves_the_garbage_collector_as_it_was(self) -> None:
+        big = "[" + "[]," * protocol.PAUSE_GC_FROM
+        assert isinstance(parse_frame(big + "[]]"), Batch)
+        assert gc.isenabled()
+        assert isinstance(parse_frame(big + "x]"), Malformed)
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            assert isinstance(parse_frame(big + "[]]"), Batch)
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
 
     def test_short_invalid_input_is_echoed_whole(self) -> None:
         raw = "x" * protocol.MAX_ECHOED_CHARS
