@@ -3,9 +3,9 @@
     python -m bench.big_batch http://127.0.0.1:8000/acp [--entries 200000] [--method session/list]
 
 Client A initializes, opens its connection stream and POSTs one batch of `entries` requests;
-client B initializes (and DELETEs) over and over until A's grouped reply arrives. Prints the
-time to A's 202, the time to its grouped reply (the batch's duration), and B's initialize
-latencies while the batch was processed. A server whose batch limit is below `entries` answers
+client B initializes and DELETEs over and over until A's grouped reply arrives. Prints the
+time to A's 202, the time to its grouped reply (the batch's duration), and the latencies of B's
+requests (initialize and DELETE) while the batch was processed. A server whose batch limit is below `entries` answers
 the batch with a -32600 on A's stream: that time is printed instead.
 """
 
@@ -40,7 +40,7 @@ async def first_event(response: httpx.Response) -> Any:
     raise RuntimeError("the stream ended")
 
 
-async def run(url: str, entries: int, method: str) -> dict[str, Any]:
+async def run(url: str, entries: int, method: str, other_client: bool = True) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     body = orjson.dumps([{"jsonrpc": "2.0", "id": index, "method": method, "params": {}} for index in range(entries)])
     timeout = httpx.Timeout(600.0)
@@ -64,16 +64,21 @@ async def run(url: str, entries: int, method: str) -> dict[str, Any]:
 
             posting = asyncio.create_task(post())
             reply_task = asyncio.create_task(first_event(stream))
-            latencies: list[float] = []  # initializes answered before the grouped reply
-            overlapping: list[float] = []  # the last one, answered after it
-            while not reply_task.done():
+            latencies: list[float] = []  # B's requests answered before the grouped reply
+            overlapping: list[float] = []  # and those answered after it
+            while other_client and not reply_task.done():
                 sent = loop.time()
                 connecting = asyncio.create_task(initialize(b, url))
                 await asyncio.wait({connecting, reply_task}, return_when=asyncio.FIRST_COMPLETED)
                 answered_first = not reply_task.done()
                 other = await connecting
                 (latencies if answered_first else overlapping).append(loop.time() - sent)
-                await b.delete(url, headers={"Acp-Connection-Id": other})
+                sent = loop.time()
+                deleting = asyncio.create_task(b.delete(url, headers={"Acp-Connection-Id": other}))
+                await asyncio.wait({deleting, reply_task}, return_when=asyncio.FIRST_COMPLETED)
+                answered_first = not reply_task.done()
+                await deleting
+                (latencies if answered_first else overlapping).append(loop.time() - sent)
             reply = await reply_task
             duration = loop.time() - started
             status = await posting
@@ -86,11 +91,11 @@ async def run(url: str, entries: int, method: str) -> dict[str, Any]:
         "seconds_to_reply": round(duration, 3),
         "reply": reply if refused else f"array of {len(reply)}",
         "idle_initialize_ms": round(1000 * statistics.median(idle), 1),
-        "initializes_during_batch": len(latencies),
-        "initialize_ms_median": round(1000 * statistics.median(latencies), 1) if latencies else None,
-        "initialize_ms_max": round(1000 * max(latencies), 1) if latencies else None,
-        "max_initialize_over_batch": round(max(latencies) / duration, 3) if latencies else None,
-        "overlapping_initialize_ms": [round(1000 * latency, 1) for latency in overlapping],
+        "requests_during_batch": len(latencies),
+        "request_ms_median": round(1000 * statistics.median(latencies), 1) if latencies else None,
+        "request_ms_max": round(1000 * max(latencies), 1) if latencies else None,
+        "max_request_over_batch": round(max(latencies) / duration, 3) if latencies else None,
+        "overlapping_request_ms": [round(1000 * latency, 1) for latency in overlapping],
     }
 
 
@@ -99,8 +104,10 @@ def main() -> None:
     parser.add_argument("url")
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--method", default="session/list")
+    parser.add_argument("--alone", action="store_true", help="no other client: the batch's own duration")
     arguments = parser.parse_args()
-    print(json.dumps(asyncio.run(run(arguments.url, arguments.entries, arguments.method)), indent=2))
+    result = asyncio.run(run(arguments.url, arguments.entries, arguments.method, not arguments.alone))
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
