@@ -61,7 +61,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return  # binary messages are ignored, as in the reference
         with contextlib.suppress(AgentClosed):
             try:
-                frame = await protocol.read_frame(text_data, acp_settings.MAX_BATCH_ENTRIES)
+                frame = await protocol.read_frame(text_data, lambda: acp_settings.MAX_BATCH_ENTRIES)
             except protocol.BatchTooLarge as refused:
                 self.host.reply_from_transport(protocol.dumps(refused.reply))
                 return

@@ -109,10 +109,16 @@ class BatchTooLarge(ValueError):
         return error_response(None, INVALID_REQUEST, "Invalid Request", str(self))
 
 
-def check_batch_size(entries: int, limit: int | None) -> None:
-    """Raise BatchTooLarge for a batch of `entries` over `limit` (None: no limit)."""
-    if limit is not None and entries > limit:
-        raise BatchTooLarge(entries, limit)
+#: The batch-size limit, asked for only when a frame is a batch (a settings lookup costs about
+#: as much as parsing a small message); None: no limit.
+BatchLimit: TypeAlias = Callable[[], int | None]
+
+
+def check_batch_size(entries: int, limit: BatchLimit | None) -> None:
+    """Raise BatchTooLarge for a batch of `entries` over the limit."""
+    maximum = limit() if limit is not None else None
+    if maximum is not None and entries > maximum:
+        raise BatchTooLarge(entries, maximum)
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,20 +271,19 @@ def parse_frame(text: str) -> Frame:
     return frame_from_value(value, text)
 
 
-async def read_frame(text: str, max_batch_entries: int | None = None) -> Frame:
+async def read_frame(text: str, batch_limit: BatchLimit | None = None) -> Frame:
     """`parse_frame` for input from a client: a batch's entries are classified in slices that
-    let other tasks run, and a batch over `max_batch_entries` raises BatchTooLarge before any
-    of it is classified. The JSON decoding itself is one call (see `decode_json`)."""
+    let other tasks run, and a batch over `batch_limit()` raises BatchTooLarge before any of it
+    is classified. The JSON decoding itself is one call (see `decode_json`)."""
     try:
         value = decode_json(text)
     except (ValueError, RecursionError):
         return Malformed(text, parse_error(text))
-    if not isinstance(value, list) or len(value) <= SLICE_ENTRIES:
-        if isinstance(value, list):
-            check_batch_size(len(value), max_batch_entries)
-        return frame_from_value(value, text)
-    check_batch_size(len(value), max_batch_entries)
-    return Batch(await run_in_slices(_classify_entries(value)), text)
+    if isinstance(value, list) and value:
+        check_batch_size(len(value), batch_limit)
+        if len(value) > SLICE_ENTRIES:
+            return Batch(await run_in_slices(_classify_entries(value)), text)
+    return frame_from_value(value, text)
 
 
 def frame_from_value(value: Any, raw: str | None = None) -> Frame:

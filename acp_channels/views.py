@@ -119,7 +119,7 @@ async def post(request: HttpRequest) -> HttpResponseBase:
         return text_response(400, f"Invalid JSON-RPC: {error}")
 
     try:
-        frame = await protocol.read_frame(text, acp_settings.MAX_BATCH_ENTRIES)
+        frame = await protocol.read_frame(text, lambda: acp_settings.MAX_BATCH_ENTRIES)
     except protocol.BatchTooLarge as refused:
         return await refuse_batch(request, refused)
     init_index = protocol.initialize_entry(frame)

@@ -343,14 +343,14 @@ class TestBigBatches:
     async def test_read_frame_classifies_a_big_batch_in_slices(self) -> None:
         raw = text([*calls(5 * SLICE_ENTRIES), 17])
         async with LoopTurns() as turns:
-            frame = await read_frame(raw, None)
+            frame = await read_frame(raw)
         assert turns.count >= 4  # other tasks ran between the slices
         assert frame == parse_frame(raw)
         assert serialize_frame(frame) == raw
 
     async def test_read_frame_of_small_input_does_not_yield(self) -> None:
         async with LoopTurns() as turns:
-            frames = [await read_frame(raw, None) for raw in (text(calls(1)[0]), text(calls(SLICE_ENTRIES)), "{x")]
+            frames = [await read_frame(raw) for raw in (text(calls(1)[0]), text(calls(SLICE_ENTRIES)), "{x")]
         assert turns.count == 0  # the hot path stays one synchronous step
         assert frames == [parse_frame(text(calls(1)[0])), parse_frame(text(calls(SLICE_ENTRIES))), parse_frame("{x")]
 
@@ -381,7 +381,7 @@ class TestBigBatches:
     @pytest.mark.parametrize("limit", [1, 10, 1000])
     async def test_a_batch_over_the_limit_is_refused_whole(self, limit: int) -> None:
         with pytest.raises(BatchTooLarge) as refused:
-            await read_frame(text(calls(limit + 1)), limit)
+            await read_frame(text(calls(limit + 1)), lambda: limit)
         assert refused.value.reply == {
             "jsonrpc": "2.0",
             "id": None,
@@ -393,13 +393,25 @@ class TestBigBatches:
         }
 
     async def test_the_limit_counts_every_entry_and_only_batches(self) -> None:
-        assert isinstance(await read_frame(text(calls(10)), 10), Batch)
+        asked: list[int] = []
+
+        def limit(maximum: int | None) -> protocol.BatchLimit:
+            def ask() -> int | None:
+                asked.append(1)
+                return maximum
+
+            return ask
+
+        assert isinstance(await read_frame(text(calls(10)), limit(10)), Batch)
         with pytest.raises(BatchTooLarge):
-            await read_frame(text([17] * 11), 10)  # malformed entries count too
-        assert isinstance(await read_frame(text(calls(1)[0]), 0), Single)
-        assert isinstance(await read_frame("[]", 0), Malformed)
-        assert isinstance(await read_frame("[1,", 0), Malformed)
-        assert isinstance(await read_frame(text(calls(5000)), None), Batch)
+            await read_frame(text([17] * 11), limit(10))  # malformed entries count too
+        assert isinstance(await read_frame(text(calls(5000)), limit(None)), Batch)
+        assert len(asked) == 3
+        # Anything but a batch never asks for the limit (a settings lookup on the hot path).
+        assert isinstance(await read_frame(text(calls(1)[0]), limit(0)), Single)
+        assert isinstance(await read_frame("[]", limit(0)), Malformed)
+        assert isinstance(await read_frame("[1,", limit(0)), Malformed)
+        assert len(asked) == 3
 
 
 # --------------------------------------------------------------------------------------------
