@@ -2,8 +2,10 @@
 
 Every rule the edges apply lives here: how a body becomes a frame, which messages are
 session-scoped, how `Acp-Session-Id` is applied, what counts as an initial `initialize`, where the
-agent's output is routed, the JSON-RPC error objects the transport itself produces, and SSE
-encoding. Section numbers refer to ../shared/spec/rust-reference.md.
+agent's output is routed, the JSON-RPC error objects the transport itself produces, the media
+type a POST must have, the batch-size limit, and SSE encoding. The `…_in_slices` variants of the
+batch rules are coroutines only to yield to the event loop between slices of a big batch.
+Section numbers refer to ../shared/spec/rust-reference.md.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ CONNECTION_STREAM: Final[StreamKey] = None
 # --------------------------------------------------------------------------------------------
 # Big batches: processed in slices, and limited in size
 
-#: Batch entries handled between two yields to the event loop. A slice of tiny requests costs
-#: a few milliseconds in each stage, so other connections wait at most that long per stage.
+#: Batch entries handled between two yields to the event loop: a slice costs about a millisecond
+#: in each stage (classifying, planning, dispatching, regrouping), so other connections wait
+#: about that long, plus the agent's own handling of a slice's requests in between.
 SLICE_ENTRIES: Final = 256
 
 T = TypeVar("T")
