@@ -65,9 +65,9 @@ CONNECTION_STREAM: Final[StreamKey] = None
 # --------------------------------------------------------------------------------------------
 # Big batches: processed in slices, and limited in size
 
-#: Batch entries handled between two yields to the event loop: a slice costs about a millisecond
-#: in each stage (classifying, planning, dispatching, regrouping), so other connections wait
-#: about that long, plus the agent's own handling of a slice's requests in between.
+#: Batch entries handled between two yields to the event loop: a slice costs well under a
+#: millisecond in each stage (classifying, planning, dispatching, regrouping), so other
+#: connections wait about that long, plus the agent's own handling of a slice's requests.
 SLICE_ENTRIES: Final = 256
 
 T = TypeVar("T")
