@@ -63,8 +63,12 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if text_data is None or self.host is None:
             return  # binary messages are ignored, as in the reference
-        frame = protocol.parse_frame(text_data)
         with contextlib.suppress(AgentClosed):
+            try:
+                frame = await protocol.read_frame(text_data, lambda: acp_settings.MAX_BATCH_ENTRIES)
+            except protocol.BatchTooLarge as refused:
+                self.host.reply_from_transport(protocol.dumps(refused.reply))
+                return
             await self.host.submit(InboundPlan(frame, [], []))
 
     async def write_outbound(self, host: ConnectionHost) -> None:

@@ -58,6 +58,8 @@ class StreamReader(Protocol):
 class HostHandle(Protocol):
     async def submit(self, plan: InboundPlan) -> None: ...
 
+    async def reply_from_transport(self, text: str) -> None: ...
+
     async def lease(self, key: StreamKey) -> StreamReader: ...
 
     async def terminate(self) -> None: ...
@@ -86,6 +88,9 @@ class LocalHandle:
                 await self.host.submit(plan)
         except TimeoutError:
             raise AgentBusy(f"the agent did not take the frame within {SUBMIT_TIMEOUT:g} s") from None
+
+    async def reply_from_transport(self, text: str) -> None:
+        self.host.reply_from_transport(text)
 
     async def lease(self, key: StreamKey) -> StreamReader:
         await release_if_reader_gone(self.host.stream_for_reader(key))
@@ -131,6 +136,11 @@ class RemoteHandle:
             raise TooManyRequests(int(result["limit"]))
         if result.get("error") == "closed":
             raise AgentClosed("agent closed")
+
+    async def reply_from_transport(self, text: str) -> None:
+        result = await self._call("reply", worker_timeout(), receipt=True, text=text)
+        if result.get("error") == "closed":
+            raise AgentClosed("connection ended")
 
     async def lease(self, key: StreamKey) -> StreamReader:
         lease_id = f"{WORKER_ID}-{next(_lease_ids)}"
@@ -290,13 +300,26 @@ async def serve_submit(message: dict[str, Any]) -> dict[str, Any]:
     if host is None:
         return {"error": "unknown"}
     routes = [(key, stream) for key, stream in message["routes"]]
-    plan = InboundPlan(protocol.parse_frame(message["text"]), routes, message["sessions"], message["header"])
+    # The edge applied the batch-size limit; a big batch is classified in slices here too.
+    frame = await protocol.read_frame(message["text"])
+    plan = InboundPlan(frame, routes, message["sessions"], message["header"])
     try:
         await host.submit(plan)
     except SessionHeaderError as error:
         return {"error": "session", "text": str(error)}
     except TooManyRequests as error:
         return {"error": "pending", "limit": error.limit}
+    except AgentClosed:
+        return {"error": "closed"}
+    return {"ok": True}
+
+
+async def serve_reply(message: dict[str, Any]) -> dict[str, Any]:
+    host = registry.get(message["connection"])
+    if host is None:
+        return {"error": "unknown"}
+    try:
+        host.reply_from_transport(message["text"])
     except AgentClosed:
         return {"error": "closed"}
     return {"ok": True}
@@ -345,6 +368,7 @@ async def serve_probe(message: dict[str, Any]) -> dict[str, Any]:
 
 
 bus.handle("submit", serve_submit)
+bus.handle("reply", serve_reply)
 bus.handle("lease", serve_lease)
 bus.handle("take", serve_take)
 bus.handle("release", serve_release)

@@ -421,6 +421,20 @@ class ConnectionHost:
                 self.start()
             return InitializeReply(protocol.serialize_frame(output), accepted)
 
+    # -- replies the transport makes itself ---------------------------------------------------
+
+    def reply_from_transport(self, text: str) -> None:
+        """Queue a reply the transport made itself (to a refused batch) where the agent's
+        answer to a malformed frame goes: the connection stream, or the socket. The agent
+        never sees the input it answers. Raises AgentClosed once the connection has ended."""
+        if self.ended.is_set():
+            raise AgentClosed("connection ended")
+        self.last_active = asyncio.get_running_loop().time()
+        if self.transport == "websocket":
+            self._socket_outbox.push(text)
+        else:
+            self.stream(protocol.CONNECTION_STREAM).push(text)
+
     # -- outbound ----------------------------------------------------------------------------
 
     def start(self) -> None:

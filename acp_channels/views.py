@@ -118,8 +118,7 @@ def header(request: HttpRequest, name: str) -> str | None:
 
 
 async def post(request: HttpRequest) -> HttpResponseBase:
-    content_type = header(request, "content-type")
-    if content_type is None or not content_type.startswith("application/json"):
+    if not protocol.is_json_content_type(header(request, "content-type")):
         return text_response(415, CONTENT_TYPE_REQUIRED)
     limit: int = acp_settings.MAX_BODY_BYTES
     declared = request.headers.get("content-length", "")
@@ -134,7 +133,10 @@ async def post(request: HttpRequest) -> HttpResponseBase:
     except UnicodeDecodeError as error:
         return text_response(400, f"Invalid JSON-RPC: {error}")
 
-    frame = protocol.parse_frame(text)
+    try:
+        frame = await protocol.read_frame(text, lambda: acp_settings.MAX_BATCH_ENTRIES)
+    except protocol.BatchTooLarge as refused:
+        return await refuse_batch(request, refused)
     init_index = protocol.initialize_entry(frame)
     if init_index is not None:
         return await initialize(request, frame, init_index)
@@ -146,7 +148,7 @@ async def post(request: HttpRequest) -> HttpResponseBase:
     if handle is None:
         return text_response(404)
     try:
-        plan = protocol.plan_inbound(frame, header(request, SESSION_HEADER))
+        plan = await protocol.plan_inbound_in_slices(frame, header(request, SESSION_HEADER))
         await handle.submit(plan)
     except SessionHeaderError as error:
         return text_response(400, str(error))
@@ -159,11 +161,30 @@ async def post(request: HttpRequest) -> HttpResponseBase:
     return text_response(202)
 
 
+async def refuse_batch(request: HttpRequest, refused: protocol.BatchTooLarge) -> HttpResponseBase:
+    """A batch over MAX_BATCH_ENTRIES is answered by the transport, like a malformed POST: on
+    the connection stream (202), or as the body of a would-be initialize (200, no connection)."""
+    reply = protocol.dumps(refused.reply)
+    connection_id = header(request, CONNECTION_HEADER)
+    if connection_id is None:
+        return json_response(reply)
+    handle = locate(connection_id)
+    if handle is None:
+        return text_response(404)
+    try:
+        await handle.reply_from_transport(reply)
+    except REACHING_THE_HOST as error:
+        return host_unavailable(error)
+    except AgentClosed:
+        return text_response(500)
+    return text_response(202)
+
+
 async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> HttpResponseBase:
     """Create a connection from an initial initialize frame and answer with its reply (§5)."""
     if isinstance(frame, protocol.Batch):
         try:
-            plan = protocol.plan_inbound(frame, header(request, SESSION_HEADER), skip_index=init_index)
+            plan = await protocol.plan_inbound_in_slices(frame, header(request, SESSION_HEADER), skip_index=init_index)
         except SessionHeaderError as error:
             return text_response(400, str(error))
         frame = plan.frame

@@ -6,10 +6,12 @@ conformance checklist, re-expressed here at the function level.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections import deque
 from typing import Any, Literal
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +24,9 @@ from acp_channels.protocol import (
     NON_STRING_SESSION,
     RESPONSE_SESSION_MISMATCH,
     SESSION_REQUIRED,
+    SLICE_ENTRIES,
     Batch,
+    BatchTooLarge,
     Malformed,
     MalformedEntry,
     SessionHeaderError,
@@ -33,14 +37,18 @@ from acp_channels.protocol import (
     find_reply,
     header_value,
     initialize_entry,
+    is_json_content_type,
     is_response_shaped,
     message_kind,
     parse_frame,
     plan_inbound,
+    plan_inbound_in_slices,
+    read_frame,
     route_outbound,
     serialize_frame,
     sse_event,
 )
+from tests.loop_turns import LoopTurns
 
 _ABSENT: Any = object()
 
@@ -243,6 +251,218 @@ class TestParseFrame:
         frame = parse_frame(raw)
         assert isinstance(frame, Malformed)
         assert frame.error["error"]["code"] == PARSE_ERROR_CODE
+
+    @pytest.mark.parametrize("raw", ["[1e400]", '{"x":-1e400}', '"\\udc00"', '["\\ud800x"]', "[1,]", "\ufeff[1]"])
+    def test_strict_json_on_the_fast_path(self, raw: str) -> None:
+        frame = parse_frame(raw)
+        assert isinstance(frame, Malformed)
+        assert frame.error["error"]["code"] == PARSE_ERROR_CODE
+
+    @pytest.mark.parametrize(
+        "number", [2**64, 2**64 + 1, -(2**63) - 1, 10**30, -(10**40), 2**63, 10**18, 123456789012345678901234567890]
+    )
+    def test_integers_beyond_64_bits_stay_exact_integers(self, number: int) -> None:
+        # orjson would read these as floats: text with a long run of digits takes the stdlib.
+        frame = parse_frame(text(notif("m", {"n": number, "list": [number], "f": 1.5})))
+        assert isinstance(frame, Single)
+        assert frame.message["params"] == {"n": number, "list": [number], "f": 1.5}
+        assert type(frame.message["params"]["n"]) is int
+
+    def test_a_long_digit_run_in_a_string_keeps_strictness(self) -> None:
+        assert isinstance(parse_frame('{"t":"12345678901234567890","x":NaN}'), Malformed)
+        assert isinstance(parse_frame('{"t":"12345678901234567890","x":1e400}'), Malformed)
+        assert isinstance(parse_frame('{"t":"12345678901234567890","u":"\\ud800"}'), Malformed)
+
+    def test_decoding_big_text_leaves_the_garbage_collector_as_it_was(self) -> None:
+        big = "[" + "[]," * protocol.PAUSE_GC_FROM
+        assert isinstance(parse_frame(big + "[]]"), Batch)
+        assert gc.isenabled()
+        assert isinstance(parse_frame(big + "x]"), Malformed)
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            assert isinstance(parse_frame(big + "[]]"), Batch)
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+
+    def test_short_invalid_input_is_echoed_whole(self) -> None:
+        raw = "x" * protocol.MAX_ECHOED_CHARS
+        assert protocol.parse_error(raw)["error"]["data"] == {"line": raw}
+
+    def test_long_invalid_input_is_echoed_truncated_with_its_length(self) -> None:
+        raw = "{not json " + "y" * (16 * 1024 * 1024)
+        frame = parse_frame(raw)
+        assert isinstance(frame, Malformed)
+        assert frame.raw == raw  # relayed whole to an agent that answers for itself
+        line = frame.error["error"]["data"]["line"]
+        assert line.startswith(raw[: protocol.MAX_ECHOED_CHARS])
+        assert line.endswith(f"[truncated: the input was {len(raw)} characters]")
+        assert len(line) < protocol.MAX_ECHOED_CHARS + 100
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=8),
+        lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+        max_leaves=20,
+    )
+)
+def test_property_decode_json_agrees_with_the_standard_library(value: Any) -> None:
+    # json.dumps tells 1 from 1.0, so equal texts mean equal values of equal types.
+    for raw in (
+        json.dumps(value),
+        json.dumps(value, ensure_ascii=False),
+        orjson.dumps(value).decode() if _fits_orjson(value) else "0",
+    ):
+        assert json.dumps(protocol.decode_json(raw)) == json.dumps(json.loads(raw))
+
+
+def _fits_orjson(value: Any) -> bool:
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Big batches: slices and the size limit
+
+
+def calls(count: int) -> list[dict[str, Any]]:
+    return [req(index, "session/prompt", {"sessionId": f"s{index % 3}"}) for index in range(count)]
+
+
+class TestBigBatches:
+    async def test_read_frame_classifies_a_big_batch_in_slices(self) -> None:
+        raw = text([*calls(5 * SLICE_ENTRIES), 17])
+        async with LoopTurns() as turns:
+            frame = await read_frame(raw)
+        assert turns.count >= 4  # other tasks ran between the slices
+        assert frame == parse_frame(raw)
+        assert serialize_frame(frame) == raw
+
+    async def test_read_frame_of_small_input_does_not_yield(self) -> None:
+        async with LoopTurns() as turns:
+            frames = [await read_frame(raw) for raw in (text(calls(1)[0]), text(calls(SLICE_ENTRIES)), "{x")]
+        assert turns.count == 0  # the hot path stays one synchronous step
+        assert frames == [parse_frame(text(calls(1)[0])), parse_frame(text(calls(SLICE_ENTRIES))), parse_frame("{x")]
+
+    async def test_plan_inbound_in_slices_matches_plan_inbound(self) -> None:
+        frame = parse_frame(text([*calls(4 * SLICE_ENTRIES), notif("n"), 17]))
+        async with LoopTurns() as turns:
+            plan = await plan_inbound_in_slices(frame, None)
+        assert turns.count >= 3
+        assert plan == plan_inbound(frame, None)
+        assert plan.sessions == ["s0", "s1", "s2"]
+        assert len(plan.routes) == 4 * SLICE_ENTRIES
+
+    async def test_plan_in_slices_rejects_the_whole_batch_for_a_late_entry(self) -> None:
+        frame = parse_frame(text([*calls(3 * SLICE_ENTRIES), req("late", "session/prompt", {"sessionId": "other"})]))
+        with pytest.raises(SessionHeaderError, match=MISMATCHED_SESSION):
+            await plan_inbound_in_slices(frame, "s0")
+
+    async def test_plan_in_slices_with_header_and_skip_index(self) -> None:
+        entries = [req(0, "initialize", {}), *[req(index, "session/prompt") for index in range(1, 3 * SLICE_ENTRIES)]]
+        frame = parse_frame(text(entries))
+        plan = await plan_inbound_in_slices(frame, "h", skip_index=0)
+        assert plan == plan_inbound(frame, "h", skip_index=0)
+        assert isinstance(plan.frame, Batch)
+        assert plan.frame.entries[0] == req(0, "initialize", {})
+        assert plan.frame.entries[1] == req(1, "session/prompt", {"sessionId": "h"})
+        assert plan.sessions == ["h"]
+
+    @pytest.mark.parametrize("limit", [1, 10, 1000])
+    async def test_a_batch_over_the_limit_is_refused_whole(self, limit: int) -> None:
+        with pytest.raises(BatchTooLarge) as refused:
+            await read_frame(text(calls(limit + 1)), lambda: limit)
+        assert refused.value.reply == {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {
+                "code": -32600,
+                "message": "Invalid Request",
+                "data": f"batch of {limit + 1} entries is over the limit of {limit}",
+            },
+        }
+
+    async def test_the_limit_counts_every_entry_and_only_batches(self) -> None:
+        asked: list[int] = []
+
+        def limit(maximum: int | None) -> protocol.BatchLimit:
+            def ask() -> int | None:
+                asked.append(1)
+                return maximum
+
+            return ask
+
+        assert isinstance(await read_frame(text(calls(10)), limit(10)), Batch)
+        with pytest.raises(BatchTooLarge):
+            await read_frame(text([17] * 11), limit(10))  # malformed entries count too
+        assert isinstance(await read_frame(text(calls(5000)), limit(None)), Batch)
+        assert len(asked) == 3
+        # Anything but a batch never asks for the limit (a settings lookup on the hot path).
+        assert isinstance(await read_frame(text(calls(1)[0]), limit(0)), Single)
+        assert isinstance(await read_frame("[]", limit(0)), Malformed)
+        assert isinstance(await read_frame("[1,", limit(0)), Malformed)
+        assert len(asked) == 3
+
+
+# --------------------------------------------------------------------------------------------
+# Content-Type of a POST
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/json;charset=UTF-8",
+        'Application/JSON;charset="UTF-8"',
+        "APPLICATION/JSON",
+        "application/json ; charset=utf-8 ; foo=bar",
+        'application/json; foo="a;charset=latin-1"; charset=utf-8',
+        "application/json;",
+        "application/json;\tcharset=utf-8",
+        " application/json ",
+    ],
+)
+def test_json_content_types(value: str) -> None:
+    assert is_json_content_type(value.replace("\\t", "\t"))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "",
+        "garbage",
+        "application/jsonfoo",
+        "application/json-seq",
+        "application/jso",
+        "text/json",
+        "application/*",
+        "*/*",
+        "application/json;charset=latin-1",
+        'application/json; charset="latin-1"',
+        "application/json; charset=utf8",
+        "application/json; charset=utf-8; charset=latin-1",
+        "application/json; charset",
+        "application/json; charset=",
+        'application/json; charset="utf-8',
+        "application/json charset=utf-8",
+        "application/json, text/plain",
+        "application /json",
+    ],
+)
+def test_other_content_types(value: str | None) -> None:
+    assert not is_json_content_type(value)
 
 
 # --------------------------------------------------------------------------------------------

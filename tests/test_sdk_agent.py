@@ -18,8 +18,9 @@ from acp.schema import InitializeResponse
 
 from acp_channels.agents import AgentClosed
 from acp_channels.agents.sdk import SdkAgentChannel
-from acp_channels.protocol import Batch, Frame, Single, parse_frame
+from acp_channels.protocol import SLICE_ENTRIES, Batch, Frame, Single, parse_frame
 from demo_project.agent import AGENT_NAME, create_agent
+from tests.loop_turns import LoopTurns
 
 TIMEOUT = 5.0
 INVALID_REQUEST = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Invalid Request"}}
@@ -268,6 +269,47 @@ async def test_notification_only_batch_gets_no_reply(channel: SdkAgentChannel, a
 async def test_response_only_batch_gets_no_reply(channel: SdkAgentChannel) -> None:
     await channel.send(parse_frame('[{"jsonrpc":"2.0","id":777,"result":{}}, {"result": 1}]'))
     await expect_quiet(channel)
+
+
+async def test_a_big_batch_is_dispatched_in_slices_and_answered_once_whole(
+    channel: SdkAgentChannel, agent: ProbeAgent
+) -> None:
+    # Early entries are answered while later slices are still being dispatched: the grouped
+    # reply must still wait for every entry, and come once.
+    count = 4 * SLICE_ENTRIES + 1
+    entries = [call(index, "_echo", {"n": index}) for index in range(count)]
+    async with LoopTurns() as turns:
+        await channel.send(frame([*entries, note("_note", {"name": "last"}), 17]))
+    assert turns.count >= 4  # other tasks ran between the slices
+    assert await receive(channel) == Batch([*(result(index, {"n": index}) for index in range(count)), INVALID_REQUEST])
+    await wait(agent.note_seen["last"])
+    await expect_quiet(channel)
+
+
+async def test_a_big_batch_of_malformed_entries_gets_one_reply(channel: SdkAgentChannel) -> None:
+    await channel.send(frame([17] * (3 * SLICE_ENTRIES)))
+    assert await receive(channel) == Batch([INVALID_REQUEST] * (3 * SLICE_ENTRIES))
+    await expect_quiet(channel)
+
+
+async def test_a_big_batch_of_notifications_gets_no_reply(channel: SdkAgentChannel, agent: ProbeAgent) -> None:
+    count = 2 * SLICE_ENTRIES + 1
+    async with LoopTurns() as turns:
+        await channel.send(frame([note("_note", {"name": str(index)}) for index in range(count)]))
+    assert turns.count >= 2
+    await wait(agent.note_seen[str(count - 1)])
+    await expect_quiet(channel)
+    assert len(agent.notes) == count
+
+
+async def test_close_during_a_big_batch_stops_its_dispatch(channel: SdkAgentChannel, agent: ProbeAgent) -> None:
+    entries = [call(index, "_echo", {}) for index in range(40 * SLICE_ENTRIES)]
+    sending = asyncio.create_task(channel.send(frame(entries)))
+    await wait(agent.echoed)  # the first slice is being answered; most of the batch is not dispatched
+    await channel.close()
+    with pytest.raises(AgentClosed):
+        await asyncio.wait_for(sending, TIMEOUT)
+    assert await receive(channel) is None
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ The SDK's connection handles one JSON-RPC message at a time: an array crashes it
 `$/cancel_request`. This adapter gives such an agent the whole transport contract:
 - batches are split, dispatched entry by entry, and their replies regrouped into one array in
   entry order (§7.1); notification-only batches get no reply; malformed input gets the
-  reference's -32700 / -32600 replies;
+  reference's -32700 / -32600 replies. A big batch is dispatched and regrouped in slices
+  (`protocol.SLICE_ENTRIES`) that let other connections run in between;
 - every client request gets a private integer id on its way in, so duplicate or colliding client
   ids, batch slots and reply id types (1 vs "1") are all handled here, and restored on the way out;
 - `$/cancel_request` cancels the handler task of that request and answers it with -32800, unless
@@ -41,10 +42,24 @@ Handler = Callable[[str, Any, bool], Awaitable[Any]]
 
 @dataclass(slots=True)
 class _BatchReply:
-    """Slots for the response-bearing entries of one client batch."""
+    """Slots for the response-bearing entries of one client batch, added while it is dispatched.
 
-    slots: list[Message | None]
-    missing: int
+    Replies to early slices can arrive while later slices are still being dispatched: the
+    batch is due only once it is fully dispatched and no slot is missing.
+    """
+
+    slots: list[Message | None] = field(default_factory=list)
+    missing: int = 0
+    dispatching: bool = True
+
+    def add_slot(self) -> int:
+        self.slots.append(None)
+        self.missing += 1
+        return len(self.slots) - 1
+
+    @property
+    def due(self) -> bool:
+        return not self.dispatching and self.missing == 0
 
 
 @dataclass(slots=True)
@@ -115,27 +130,23 @@ class SdkAgentChannel:
         await self._emit(Single(frame.error))
 
     async def _send_batch(self, frame: Batch) -> None:
-        bearing = [
-            entry
-            for entry in frame.entries
-            if (isinstance(entry, MalformedEntry) and not protocol.is_response_shaped(entry.value))
-            or (not isinstance(entry, MalformedEntry) and protocol.message_kind(entry) == "request")
-        ]
-        reply = _BatchReply([None] * len(bearing), len(bearing)) if bearing else None
-        slot = 0
-        for entry in frame.entries:
-            if isinstance(entry, MalformedEntry):
-                if not protocol.is_response_shaped(entry.value):
-                    assert reply is not None
-                    self._fill(reply, slot, protocol.invalid_request())
-                    slot += 1
-                    if reply.missing == 0:  # the last response-bearing entry was malformed
-                        await self._emit(self._batch_frame(reply))
-            elif protocol.message_kind(entry) == "request":
-                self._deliver(self._track(entry, reply, slot))
-                slot += 1
-            else:
-                await self._forward_call_or_response(entry)
+        reply = _BatchReply()
+        for start in range(0, len(frame.entries), protocol.SLICE_ENTRIES):
+            if start:
+                await asyncio.sleep(0)  # a slice at a time: other connections run in between
+                if self._closed:
+                    raise AgentClosed("agent closed")
+            for entry in frame.entries[start : start + protocol.SLICE_ENTRIES]:
+                if isinstance(entry, MalformedEntry):
+                    if not protocol.is_response_shaped(entry.value):
+                        self._fill(reply, reply.add_slot(), protocol.invalid_request())
+                elif protocol.message_kind(entry) == "request":
+                    self._deliver(self._track(entry, reply, reply.add_slot()))
+                else:
+                    await self._forward_call_or_response(entry)
+        reply.dispatching = False
+        if reply.slots and reply.missing == 0:  # answered during dispatch, or all malformed
+            await self._emit(await self._batch_frame(reply))
 
     def _track(self, message: Message, batch: _BatchReply | None, slot: int) -> Message:
         private_id = next(self._ids)
@@ -162,8 +173,7 @@ class SdkAgentChannel:
             if pending.task is not None:
                 pending.task.cancel()
             cancelled = protocol.error_response(private_id, protocol.REQUEST_CANCELLED, "Request cancelled")
-            if (frame := self._complete(private_id, cancelled)) is not None:
-                await self._emit(frame)
+            await self._complete(private_id, cancelled)
 
     # -- outbound ----------------------------------------------------------------------------
 
@@ -171,22 +181,24 @@ class SdkAgentChannel:
         """A message the SDK connection wrote: restore client ids and regroup batches."""
         if "method" in message or "id" not in message:
             await self._emit(Single(message))
-        elif (frame := self._complete(message["id"], message)) is not None:
-            await self._emit(frame)
+        else:
+            await self._complete(message["id"], message)
 
-    def _complete(self, private_id: Any, reply: Message) -> Frame | None:
-        """Record the reply to one client request; the frame to emit once it is due.
+    async def _complete(self, private_id: Any, reply: Message) -> None:
+        """Record the reply to one client request; emit it, or its batch once that is due.
 
         Replies to requests already answered (cancelled) or unknown ids are dropped.
         """
         pending = self._in_flight.pop(private_id, None) if isinstance(private_id, int) else None
         if pending is None:
-            return None
+            return
         restored = {**reply, "id": pending.client_id}
         if pending.batch is None:
-            return Single(restored)
+            await self._emit(Single(restored))
+            return
         self._fill(pending.batch, pending.slot, restored)
-        return self._batch_frame(pending.batch) if pending.batch.missing == 0 else None
+        if pending.batch.due:
+            await self._emit(await self._batch_frame(pending.batch))
 
     @staticmethod
     def _fill(reply: _BatchReply, slot: int, message: Message) -> None:
@@ -194,8 +206,9 @@ class SdkAgentChannel:
         reply.missing -= 1
 
     @staticmethod
-    def _batch_frame(reply: _BatchReply) -> Batch:
-        return Batch([slot for slot in reply.slots if slot is not None])
+    async def _batch_frame(reply: _BatchReply) -> Batch:
+        """The grouped reply, in entry order; a big one is put together a slice at a time."""
+        return Batch(await protocol.run_in_slices(_regrouped(reply.slots)))
 
     async def _emit(self, frame: Frame) -> None:
         await self._outbox.put(frame)
@@ -232,6 +245,15 @@ class SdkAgentChannel:
         is_request = message is not None and "method" in message and "id" in message
         _dispatching.set(message["id"] if is_request and message is not None else None)
         return message
+
+
+def _regrouped(slots: list[Message | None]) -> protocol.Steps[list[protocol.BatchEntry]]:
+    entries: list[protocol.BatchEntry] = []
+    for start in range(0, len(slots), protocol.SLICE_ENTRIES):
+        if start:
+            yield
+        entries.extend(slot for slot in slots[start : start + protocol.SLICE_ENTRIES] if slot is not None)
+    return entries
 
 
 class _SdkTransport:
