@@ -88,7 +88,7 @@ def text_response(status: int, body: str = "") -> HttpResponse:
     return response
 
 
-def refused(status: int, body: str, retry_after: int) -> HttpResponse:
+def retry_later(status: int, body: str, retry_after: int) -> HttpResponse:
     """A cap answer (429 for one connection's caps, 503 for the worker's): try again later."""
     response = text_response(status, body)
     response["Retry-After"] = str(retry_after)
@@ -135,8 +135,8 @@ async def post(request: HttpRequest) -> HttpResponseBase:
 
     try:
         frame = await protocol.read_frame(text, lambda: acp_settings.MAX_BATCH_ENTRIES)
-    except protocol.BatchTooLarge as refused:
-        return await refuse_batch(request, refused)
+    except protocol.BatchTooLarge as too_large:
+        return await refuse_batch(request, too_large)
     init_index = protocol.initialize_entry(frame)
     if init_index is not None:
         return await initialize(request, frame, init_index)
@@ -153,7 +153,7 @@ async def post(request: HttpRequest) -> HttpResponseBase:
     except SessionHeaderError as error:
         return text_response(400, str(error))
     except TooManyRequests as error:
-        return refused(429, TOO_MANY_PENDING_REQUESTS.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
+        return retry_later(429, TOO_MANY_PENDING_REQUESTS.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
     except REACHING_THE_HOST as error:
         return host_unavailable(error)
     except AgentClosed:
@@ -161,10 +161,10 @@ async def post(request: HttpRequest) -> HttpResponseBase:
     return text_response(202)
 
 
-async def refuse_batch(request: HttpRequest, refused: protocol.BatchTooLarge) -> HttpResponseBase:
+async def refuse_batch(request: HttpRequest, too_large: protocol.BatchTooLarge) -> HttpResponseBase:
     """A batch over MAX_BATCH_ENTRIES is answered by the transport, like a malformed POST: on
     the connection stream (202), or as the body of a would-be initialize (200, no connection)."""
-    reply = protocol.dumps(refused.reply)
+    reply = protocol.dumps(too_large.reply)
     connection_id = header(request, CONNECTION_HEADER)
     if connection_id is None:
         return json_response(reply)
@@ -196,8 +196,8 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> Htt
         host = registry.create(create_agent_channel, "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES)
     except ServerFull as error:
         if error.reason == "connections":
-            return refused(503, TOO_MANY_CONNECTIONS, RETRY_AFTER_CONNECTIONS)
-        return refused(503, WORKER_BUDGET_FULL, RETRY_AFTER_BUDGET)
+            return retry_later(503, TOO_MANY_CONNECTIONS, RETRY_AFTER_CONNECTIONS)
+        return retry_later(503, WORKER_BUDGET_FULL, RETRY_AFTER_BUDGET)
     except Exception:
         logger.exception("the agent could not be started")
         return text_response(500, AGENT_NOT_STARTED)
@@ -250,7 +250,7 @@ async def open_stream(request: HttpRequest) -> HttpResponseBase:
     except StreamBusy:
         return text_response(409, STREAM_TAKEN)
     except TooManyStreams as error:
-        return refused(429, TOO_MANY_SESSION_STREAMS.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
+        return retry_later(429, TOO_MANY_SESSION_STREAMS.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
     except REACHING_THE_HOST as error:
         return host_unavailable(error)
     if request.method == "HEAD":
