@@ -227,6 +227,7 @@ class RawSse:
 
     def __init__(self, connection: RawConnection) -> None:
         self.connection = connection
+        self.comments = 0
         self._buffer = bytearray()
         self._ended = False
 
@@ -249,20 +250,28 @@ class RawSse:
         self._buffer += await reader.readexactly(size)
         await reader.readexactly(2)
 
-    async def next_event(self) -> str | None:
-        """The data of the next event (comments skipped); None once the stream ended."""
-        while True:
-            end = self._buffer.find(b"\n\n")
-            if end >= 0:
-                block = bytes(self._buffer[:end])
-                del self._buffer[: end + 2]
-                data = [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-                if data:
-                    return b"\n".join(data).decode()
-                continue
+    async def _next_block(self) -> list[bytes] | None:
+        """The data lines of the next event or comment ([] for a comment); None at the end."""
+        while (end := self._buffer.find(b"\n\n")) < 0:
             if self._ended:
                 return None
             await self._read_chunk()
+        block = bytes(self._buffer[:end])
+        del self._buffer[: end + 2]
+        return [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+
+    async def next_event(self) -> str | None:
+        """The data of the next event (comments are counted and skipped); None once it ended."""
+        while (data := await self._next_block()) == []:
+            self.comments += 1
+        return None if data is None else b"\n".join(data).decode()
+
+    async def wait_comments(self, count: int) -> None:
+        """Read on until `count` comments (keep-alives) in all have arrived, and no event."""
+        while self.comments < count:
+            data = await self._next_block()
+            assert data == [], f"expected a comment, got {data!r}"
+            self.comments += 1
 
 
 class RawWebSocket:
