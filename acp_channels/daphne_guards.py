@@ -29,9 +29,9 @@ could install the wrong reactor). Each guard exists because daphne and Twisted l
   answers a bare 400 when all headers pass 16 KiB or 500 headers; these get 431 (414 for an
   over-long request line), with a text body.
 
-Every refusal answers with a complete `Connection: close` response, then closes gracefully: it
-half-closes and keeps reading (and discarding) for a few seconds so a client still sending its
-body gets to read the answer instead of a connection reset.
+Every refusal answers with a complete `Connection: close` response. A 408 then closes; a 413,
+414 or 431 (the client may still be sending) keeps reading and discarding for a few seconds, or
+until the client closes, so that the client reads the answer instead of a connection reset.
 HTTP/2 (daphne over TLS with h2) is served by Twisted's H2Connection: only the send gate applies
 there.
 """
@@ -218,20 +218,20 @@ class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
         target: bytes = getattr(self, "_path", b"")
         return target
 
-    def refuse(self, status: int, reason: str, text: str) -> None:
-        """Answer a request that is still being read, then close: half-close at once and keep
-        discarding what arrives for LINGER_SECONDS, so the client can read the answer."""
+    def refuse(self, status: int, reason: str, text: str, *, linger: bool = True) -> None:
+        """Answer a request that is still being read, then close. With `linger` (the client may
+        still be sending), keep reading and discarding for LINGER_SECONDS before cutting the
+        connection, so the client gets to read the answer rather than a reset: closing with
+        unread data resets, and a half-close would make naive TCP proxies close both ways."""
         if self.refused or self.transport is None:
             return
         self.refused = True
         self._stop_clock("_header_clock")
         self._stop_clock("_body_clock")
         self.transport.write(limits.plain_text_response(status, reason, text))
-        half_close = getattr(self.transport, "loseWriteConnection", None)
-        if half_close is None:
+        if not linger:
             self.loseConnection()
-        else:
-            half_close()
+        # Lingering, or flushing to a client that does not read: either way, not forever.
         self._linger = self.callLater(LINGER_SECONDS, self.transport.abortConnection)
 
     def _start_header_clock(self) -> None:
@@ -257,7 +257,7 @@ class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
             # client is sending right now); a fresh connection that sent nothing gets the 408.
             self.loseConnection()
             return
-        self.refuse(408, "Request Timeout", text)
+        self.refuse(408, "Request Timeout", text, linger=False)
 
 
 class GuardedWebRequest(WebRequest):  # type: ignore[misc]

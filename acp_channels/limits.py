@@ -79,7 +79,10 @@ class BodyLimit:
 
     It reads the body itself (at most the limit plus one message) and hands it on as one
     message; over the limit it answers 413 `POST body too large` with `Connection: close`
-    without running the application.
+    without running the application, and reads no more of the body. Under uvicorn a client
+    still writing its body may then see a connection reset rather than the answer: uvicorn
+    closes at once with the rest of the body unread (it has no lingering close; daphne's guard
+    lingers, see daphne_guards).
     """
 
     def __init__(self, application: ASGIApp) -> None:
