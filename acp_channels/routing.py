@@ -7,6 +7,7 @@ from typing import Any
 from django.urls import path
 
 from acp_channels.consumers import AcpWebsocketConsumer
+from acp_channels.limits import BodyLimit
 
 #: Mount next to `include("acp_channels.urls")` at the same prefix.
 websocket_urlpatterns = [path("acp", AcpWebsocketConsumer.as_asgi())]
@@ -16,12 +17,14 @@ def build_asgi_application(*, websocket_prefix: str = "", http_application: Any 
     """HTTP through Django (POST/SSE/DELETE), WebSocket upgrades on the same path to our consumer.
 
     Call it after `os.environ.setdefault("DJANGO_SETTINGS_MODULE", ...)`; `websocket_prefix`
-    matches the prefix under which `acp_channels.urls` is included (e.g. "agents/").
+    matches the prefix under which `acp_channels.urls` is included (e.g. "agents/"). The HTTP
+    application is wrapped in `limits.BodyLimit`: the ACP endpoint refuses an over-limit body
+    (413) before Django spools it, whatever the server.
     """
     from channels.routing import ProtocolTypeRouter, URLRouter
     from django.core.asgi import get_asgi_application
     from django.urls import include
 
-    http = http_application if http_application is not None else get_asgi_application()
+    http: Any = http_application if http_application is not None else get_asgi_application()
     routes = [path(websocket_prefix, include(websocket_urlpatterns))] if websocket_prefix else websocket_urlpatterns
-    return ProtocolTypeRouter({"http": http, "websocket": URLRouter(routes)})
+    return ProtocolTypeRouter({"http": BodyLimit(http), "websocket": URLRouter(routes)})

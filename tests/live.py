@@ -2,16 +2,23 @@
 
 `DaphneServer` starts `python -m daphne demo_project.asgi:application` on a free port, with
 `ACP_*` environment variables choosing the agent and settings, and waits for daphne's own
-"Listening on" log line (an event, not a sleep). `SseReader` reads events from a live stream.
+"Listening on" log line (an event, not a sleep); `UvicornServer` does the same under uvicorn.
+`SseReader` reads events from a live stream. For clients that misbehave on purpose (never read,
+stall, send too much) `RawConnection` is a bare socket with a chosen receive buffer, with
+`RawSse` and `RawWebSocket` speaking just enough HTTP/1.1 and WebSocket on top of it;
+`memory(pid)` reads a process's resident set size from /proc.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
 import re
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -119,6 +126,210 @@ class DaphneServer(ServerProcess):
     def errors(self) -> list[str]:
         """Tracebacks and server errors in the log (a 500 must never happen silently)."""
         return [line for line in self.log if "Traceback" in line or " 500 " in line]
+
+
+@dataclass
+class UvicornServer(ServerProcess):
+    """One uvicorn process (uvicorn[standard]: httptools, websockets) serving the demo project."""
+
+    listening: ClassVar[re.Pattern[str]] = re.compile(r"LISTENING (\d+)")
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/acp"
+
+    def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings", **self.env}
+        script = (
+            "from tests.peers.py_sdk_server import serve_uvicorn; "
+            f"serve_uvicorn('demo_project.asgi:application', 0, access_log=False, ws_max_size={MAX_MESSAGE})"
+        )
+        return [sys.executable, "-c", script], ROOT, env
+
+
+def memory(pid: int) -> tuple[int, int]:
+    """(resident set size, its peak) of a process in bytes, from /proc/<pid>/status."""
+    fields: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                fields[name] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def reset_peak_memory(pid: int) -> bool:
+    """Start a process's peak RSS (VmHWM) again from its current RSS (Linux >= 4.0)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+class RawConnection:
+    """A plain TCP connection to a test server, with a chosen kernel receive buffer (set before
+    connecting, so the window the server sees is small too). The asyncio stream stops reading
+    the socket once `read_limit` bytes wait unread, so a client that stops reading really does."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int, receive_buffer: int | None = None, read_limit: int = 64 * 1024) -> RawConnection:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=read_limit)
+        return cls(reader, writer)
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def response_head(self) -> tuple[int, dict[str, str]]:
+        """Status and headers (lower-case names) of the next response."""
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines:
+            if line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        return int(status_line.split()[1]), headers
+
+    async def response(self) -> tuple[int, dict[str, str], bytes]:
+        """The next whole response with a Content-Length body (server-made answers have one)."""
+        status, headers = await self.response_head()
+        body = await self.reader.readexactly(int(headers.get("content-length", "0")))
+        return status, headers, body
+
+    async def closed_by_server(self) -> bool:
+        """Whether the server closed the connection (end of stream, or a reset) with nothing more."""
+        try:
+            return await self.reader.read(1) == b""
+        except ConnectionError:
+            return True
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+class RawSse:
+    """An SSE stream read off a raw connection: chunked transfer decoding, then events."""
+
+    def __init__(self, connection: RawConnection) -> None:
+        self.connection = connection
+        self.comments = 0
+        self._buffer = bytearray()
+        self._ended = False
+
+    @classmethod
+    async def open(cls, connection: RawConnection, connection_id: str, path: str = "/acp") -> RawSse:
+        await connection.send(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+            f"Acp-Connection-Id: {connection_id}\r\n\r\n".encode()
+        )
+        status, headers = await connection.response_head()
+        assert status == 200 and headers.get("transfer-encoding") == "chunked", (status, headers)
+        return cls(connection)
+
+    async def _read_chunk(self) -> None:
+        reader = self.connection.reader
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        if size == 0:
+            self._ended = True
+            return
+        self._buffer += await reader.readexactly(size)
+        await reader.readexactly(2)
+
+    async def _next_block(self) -> list[bytes] | None:
+        """The data lines of the next event or comment ([] for a comment); None at the end."""
+        while (end := self._buffer.find(b"\n\n")) < 0:
+            if self._ended:
+                return None
+            await self._read_chunk()
+        block = bytes(self._buffer[:end])
+        del self._buffer[: end + 2]
+        return [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+
+    async def next_event(self) -> str | None:
+        """The data of the next event (comments are counted and skipped); None once it ended."""
+        while (data := await self._next_block()) == []:
+            self.comments += 1
+        return None if data is None else b"\n".join(data).decode()
+
+    async def wait_comments(self, count: int) -> None:
+        """Read on until `count` comments (keep-alives) in all have arrived, and no event."""
+        while self.comments < count:
+            data = await self._next_block()
+            assert data == [], f"expected a comment, got {data!r}"
+            self.comments += 1
+
+
+class RawWebSocket:
+    """A client WebSocket on a raw connection: the upgrade, masked text frames out, whole
+    messages in (pings answered)."""
+
+    def __init__(self, connection: RawConnection, headers: dict[str, str]) -> None:
+        self.connection = connection
+        self.headers = headers
+
+    @classmethod
+    async def open(cls, connection: RawConnection, path: str = "/acp") -> RawWebSocket:
+        key = base64.b64encode(os.urandom(16)).decode()
+        await connection.send(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        status, headers = await connection.response_head()
+        assert status == 101, (status, headers)
+        return cls(connection, headers)
+
+    async def _send_frame(self, opcode: int, payload: bytes) -> None:
+        mask = os.urandom(4)
+        size = len(payload)
+        if size < 126:
+            head = struct.pack("!BB", 0x80 | opcode, 0x80 | size)
+        elif size < 1 << 16:
+            head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, size)
+        else:
+            head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, size)
+        masked = bytes(byte ^ mask[index % 4] for index, byte in enumerate(payload))
+        await self.connection.send(head + mask + masked)
+
+    async def send_text(self, text: str) -> None:
+        await self._send_frame(0x1, text.encode())
+
+    async def receive(self) -> str | None:
+        """The next text message; None once the server closed the WebSocket."""
+        reader = self.connection.reader
+        parts: list[bytes] = []
+        while True:
+            first, second = await reader.readexactly(2)
+            size = second & 0x7F
+            if size == 126:
+                (size,) = struct.unpack("!H", await reader.readexactly(2))
+            elif size == 127:
+                (size,) = struct.unpack("!Q", await reader.readexactly(8))
+            payload = await reader.readexactly(size)
+            opcode = first & 0x0F
+            if opcode == 0x8:
+                return None
+            if opcode == 0x9:
+                await self._send_frame(0xA, payload)
+                continue
+            if opcode in (0x0, 0x1):
+                parts.append(payload)
+                if first & 0x80:
+                    return b"".join(parts).decode()
 
 
 JSON = {"Content-Type": "application/json"}

@@ -16,6 +16,11 @@ Requests it understands (everything else is echoed: result {"method": m, "params
 - test/exit: replies, emits params.final (a notification) if given, then ends.
 - test/block_loop: blocks the worker's event loop for params.seconds (an overloaded worker).
 - test/block_input: replies, then stops taking input: every later send() waits (backpressure).
+- test/flood: replies, then emits params.count notifications `test/flooded` {"n": i, "pad":
+  params.size characters}, each only once the host has taken all but a few of the earlier ones
+  (the agent itself holds next to nothing: whatever grows is the server's).
+- test/flood_stats: result {"taken": how many `test/flooded` frames the hosts of this process
+  have taken from their agents so far} (a module-level count, readable from any connection).
 A batch gets one grouped reply array of echoes (malformed call entries get -32600 slots);
 notification-only batches get nothing; malformed frames get the SDK-style -32700/-32600.
 """
@@ -31,6 +36,11 @@ from acp_channels import protocol
 from acp_channels.agents import AgentClosed
 from acp_channels.protocol import Batch, Frame, Malformed, MalformedEntry, Message, Single
 
+#: `test/flooded` frames taken by hosts from wire agents in this process (see test/flood_stats).
+flood_frames_taken = 0
+#: A flooding agent emits its next frame only while fewer than this many wait to be taken.
+FLOOD_QUEUED_FRAMES = 4
+
 
 class WireAgent:
     def __init__(self) -> None:
@@ -39,6 +49,8 @@ class WireAgent:
         self._closed = False
         self._input_open = asyncio.Event()
         self._input_open.set()
+        self._frame_taken = asyncio.Event()
+        self._flood: asyncio.Task[None] | None = None
 
     async def send(self, frame: Frame) -> None:
         await self._input_open.wait()
@@ -60,9 +72,16 @@ class WireAgent:
             self._handle(frame.message)
 
     async def receive(self) -> Frame | None:
-        return await self._outbox.get()
+        global flood_frames_taken
+        frame = await self._outbox.get()
+        self._frame_taken.set()
+        if isinstance(frame, Single) and frame.message.get("method") == "test/flooded":
+            flood_frames_taken += 1
+        return frame
 
     async def close(self) -> None:
+        if self._flood is not None:
+            self._flood.cancel()
         self._end()
 
     # -- behaviour ---------------------------------------------------------------------------
@@ -100,6 +119,12 @@ class WireAgent:
         elif method == "test/block_input":
             self._reply(message, {"ok": True})
             self._input_open.clear()
+        elif method == "test/flood":
+            self._reply(message, {"ok": True})
+            count, size = int(params.get("count", 0)), int(params.get("size", 0))
+            self._flood = asyncio.get_running_loop().create_task(self._run_flood(count, size))
+        elif method == "test/flood_stats":
+            self._reply(message, {"taken": flood_frames_taken})
         elif method == "test/exit":
             self._reply(message, {"ok": True})
             if isinstance(params.get("final"), dict):
@@ -107,6 +132,16 @@ class WireAgent:
             self._end()
         else:
             self._reply(message, {"method": method, "params": message.get("params")})
+
+    async def _run_flood(self, count: int, size: int) -> None:
+        pad = "x" * size
+        for n in range(count):
+            while self._outbox.qsize() >= FLOOD_QUEUED_FRAMES and not self._closed:
+                self._frame_taken.clear()
+                await self._frame_taken.wait()
+            if self._closed:
+                return
+            self._emit(Single({"jsonrpc": "2.0", "method": "test/flooded", "params": {"n": n, "pad": pad}}))
 
     def _initialize(self, message: Message, params: dict[str, Any]) -> None:
         if params.get("hang"):

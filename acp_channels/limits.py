@@ -1,0 +1,151 @@
+"""Request limits at the ASGI level, whatever the server: the ACP endpoint's body size.
+
+Django's ASGI handler spools a request's whole body before any view runs, so the view's own
+MAX_BODY_BYTES check comes after the server and Django have taken everything the client sent.
+`BodyLimit` wraps the HTTP application (see routing.build_asgi_application): for requests to the
+ACP endpoint it answers 413 as soon as the declared Content-Length, or the body received so far,
+is over MAX_BODY_BYTES, and never holds more than that. Servers that stream the body through
+`receive` (uvicorn) then read no more of it; daphne buffers bodies itself, so there the same
+limit is enforced earlier, in Twisted (acp_channels.daphne_guards), and this guard only sees
+bodies within it.
+
+Only the ACP endpoint's limit lives here: the rest of a Django site keeps Django's own limits.
+A request is the endpoint's when Django's URL resolver maps its path to the URL named
+`cors.ENDPOINT_URL_NAME` (the same rule the CORS hook uses), so a site's prefix is honoured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+from urllib.parse import unquote
+
+from django.conf import settings
+from django.urls import Resolver404, resolve
+
+from acp_channels.conf import acp_settings
+from acp_channels.cors import ENDPOINT_URL_NAME
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: The answers' texts (413 matches the view's own).
+BODY_TOO_LARGE: Final = "POST body too large"
+HEADERS_TOO_LARGE: Final = "request header fields too large"
+REQUEST_LINE_TOO_LONG: Final = "request line too long"
+HEADERS_TIMEOUT: Final = "request headers not received in time"
+BODY_TIMEOUT: Final = "request body not received in time"
+
+
+def is_acp_endpoint(path: str, root_path: str = "") -> bool:
+    """Whether a request path (as the server saw it, before any script prefix is removed) is the
+    ACP endpoint. `root_path` is the ASGI root_path; FORCE_SCRIPT_NAME wins, as in Django."""
+    script_name: str = settings.FORCE_SCRIPT_NAME or root_path
+    if script_name:
+        path = path.removeprefix(script_name)  # as django.core.handlers.asgi.ASGIRequest does
+    try:
+        return resolve(path).url_name == ENDPOINT_URL_NAME
+    except Resolver404:
+        return False
+
+
+def is_acp_target(target: bytes, root_path: str = "") -> bool:
+    """The same for a raw request-target (`/acp?x=1`), as an HTTP/1.1 parser sees it."""
+    try:
+        path = unquote(target.split(b"?", 1)[0].decode("ascii"))
+    except UnicodeDecodeError:
+        return False  # daphne answers 400 for such paths
+    return is_acp_endpoint(path, root_path)
+
+
+def plain_text_response(status: int, reason: str, text: str) -> bytes:
+    """A whole HTTP/1.1 response that closes the connection, for answers given by the server
+    before any application runs."""
+    body = text.encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+class BodyLimit:
+    """ASGI middleware: the ACP endpoint's requests carry at most MAX_BODY_BYTES of body.
+
+    It reads the body itself (at most the limit plus one message) and hands it on as one
+    message; over the limit it answers 413 `POST body too large` with `Connection: close`
+    without running the application, and reads no more of the body. Under uvicorn a client
+    still writing its body may then see a connection reset rather than the answer: uvicorn
+    closes at once with the rest of the body unread (it has no lingering close; daphne's guard
+    lingers, see daphne_guards).
+    """
+
+    def __init__(self, application: ASGIApp) -> None:
+        self.application = application
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_acp_endpoint(scope["path"], scope.get("root_path", "")):
+            await self.application(scope, receive, send)
+            return
+        limit: int = acp_settings.MAX_BODY_BYTES
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _refuse(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before its body was in: nothing to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _refuse(send)
+                return
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        del chunks
+        replayed = False
+
+        async def receive_after_body() -> Message:
+            nonlocal replayed, body
+            if replayed:
+                return await receive()
+            replayed = True
+            message: Message = {"type": "http.request", "body": body, "more_body": False}
+            body = b""
+            return message
+
+        await self.application(scope, receive_after_body, send)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for header_name, value in scope.get("headers", []):
+        if header_name == name:
+            return bytes(value).decode("latin-1").strip()
+    return None
+
+
+async def _refuse(send: Send) -> None:
+    body = BODY_TOO_LARGE.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
