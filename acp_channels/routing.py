@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.urls import path
+from django.urls import path, re_path
 
 from acp_channels.consumers import AcpWebsocketConsumer
 from acp_channels.limits import BodyLimit
 
 #: Mount next to `include("acp_channels.urls")` at the same prefix.
 websocket_urlpatterns = [path("acp", AcpWebsocketConsumer.as_asgi())]
+
+
+async def refuse_websocket(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An upgrade to a path nothing serves: refused before accept (the server answers 403).
+    Without it channels' URLRouter raises, and the client gets a 500."""
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close"})
 
 
 def build_asgi_application(*, websocket_prefix: str = "", http_application: Any = None) -> Any:
@@ -26,5 +34,6 @@ def build_asgi_application(*, websocket_prefix: str = "", http_application: Any 
     from django.urls import include
 
     http: Any = http_application if http_application is not None else get_asgi_application()
-    routes = [path(websocket_prefix, include(websocket_urlpatterns))] if websocket_prefix else websocket_urlpatterns
+    routes = [path(websocket_prefix, include(websocket_urlpatterns))] if websocket_prefix else [*websocket_urlpatterns]
+    routes.append(re_path(r"", refuse_websocket))
     return ProtocolTypeRouter({"http": BodyLimit(http), "websocket": URLRouter(routes)})

@@ -130,20 +130,6 @@ def log_errors(server: DaphneServer, start: int) -> list[str]:
     return DaphneServer(log=server.log[start:]).errors()
 
 
-#: Finding F4 (test_unknown_notification_is_not_logged_as_a_traceback): the SDK logs a traceback
-#: for every client notification it has no handler for. The random tests tolerate exactly that
-#: traceback until the fix lands (then delete this and use log_errors).
-F4_LOG_LINE = "Unhandled error while handling notification"
-
-
-def unexplained_errors(server: DaphneServer, start: int) -> list[str]:
-    lines = server.log[start:]
-    return [
-        line for index, line in enumerate(lines)
-        if ("Traceback" in line and not (index and F4_LOG_LINE in lines[index - 1])) or " 500 " in line
-    ]
-
-
 @contextlib.contextmanager
 def clean_log(*servers: DaphneServer) -> Iterator[None]:
     """No traceback (and no 500) in these servers' logs while the block ran."""
@@ -151,7 +137,7 @@ def clean_log(*servers: DaphneServer) -> Iterator[None]:
     yield
     time.sleep(0.2)  # lets the log pump thread catch up with lines already written
     for server, start in zip(servers, starts, strict=True):
-        assert unexplained_errors(server, start) == [], "".join(server.log[start:])[-4000:]
+        assert log_errors(server, start) == [], "".join(server.log[start:])[-4000:]
 
 
 def hang_up(sock: socket.socket, reset: bool) -> None:
@@ -310,12 +296,6 @@ def test_large_batches_of_random_shapes(demo: DaphneServer, demo_connection: str
         assert isinstance(probe, RawResponse) and probe.status == 202, probe
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding F4: a client notification the SDK agent has no handler for (e.g. method 'foo/bar', "
-    "'initialize' or 'session/update' without an id) logs ERROR 'Unhandled error while handling notification' "
-    "with a traceback (acp/connection.py _run_notification, RequestError: Method not found), one per message",
-)
 def test_unknown_notification_is_not_logged_as_a_traceback(demo: DaphneServer) -> None:
     start = len(demo.log)
     connection_id = rawhttp.initialize(demo.port)
@@ -420,11 +400,6 @@ def test_random_headers(demo: DaphneServer, demo_connection: str) -> None:
         fuzz()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding F1: a declared Content-Length over MAX_BODY_BYTES is not refused before the body: "
-    "daphne waits for (and would buffer) the whole body, so the 413 never comes (issue 9: bodies before buffering)",
-)
 def test_declared_length_over_the_limit_is_refused_before_the_body(demo: DaphneServer, demo_connection: str) -> None:
     headers = [("Content-Type", "application/json"), ("Acp-Connection-Id", demo_connection),
                ("Content-Length", str(MAX_BODY + 1))]
@@ -606,11 +581,6 @@ def test_non_ascii_subprotocol_is_refused_cleanly(wire: DaphneServer) -> None:
     assert log_errors(wire, start) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding F3: a WebSocket upgrade to any path but /acp (/nope, /acp/, /health) gets 500 and a "
-    "traceback (channels URLRouter: ValueError 'No route found for path'), not a 404 or 403",
-)
 def test_websocket_upgrade_to_another_path_is_refused_cleanly(wire: DaphneServer) -> None:
     start = len(wire.log)
     for path in (b"/nope", b"/acp/", b"/health"):

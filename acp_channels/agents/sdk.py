@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from acp.agent.connection import AgentSideConnection
+from acp.exceptions import RequestError
 
 from acp_channels import protocol
 from acp_channels.agents import AgentClosed
@@ -218,7 +219,9 @@ class SdkAgentChannel:
     def _wrap_handler(self, inner: Handler) -> Handler:
         async def handler(method: str, params: Any, is_notification: bool) -> Any:
             private_id = _dispatching.get()
-            if is_notification or private_id is None:
+            if is_notification:
+                return await self._notify(inner, method, params)
+            if private_id is None:
                 return await inner(method, params, is_notification)
             pending = self._in_flight.get(private_id)
             if pending is None:
@@ -227,6 +230,16 @@ class SdkAgentChannel:
             return await inner(method, params, is_notification)
 
         return handler
+
+    @staticmethod
+    async def _notify(inner: Handler, method: str, params: Any) -> None:
+        """A notification the agent refuses (unknown method, bad params) gets no reply by
+        JSON-RPC's rules; the SDK would log a traceback for each one, so any client could flood
+        the log. A refusal is logged at debug level; the agent's own failures still surface."""
+        try:
+            await inner(method, params, True)
+        except RequestError as error:
+            logger.debug("notification %s refused by the agent: %s", method, error)
 
     async def _run(self) -> None:
         try:
