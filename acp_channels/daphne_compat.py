@@ -4,6 +4,9 @@
   WebSocket client would never see `Acp-Connection-Id` on the 101 (the reference, uvicorn and
   hypercorn send it). autobahn already accepts (subprotocol, headers) from the handshake
   callback; we pass the headers through.
+- Close codes: daphne closes through autobahn's `sendClose`, which only takes 1000 and 3000-4999
+  (an application API rule) and raises on the codes servers send (1009, 1011, 1013), and it drops
+  the close reason. We write the close frame with the code and reason the application gave.
 - Graceful SIGTERM: Twisted stops the reactor at once and daphne cancels every application,
   which cuts open SSE streams mid-way. We take SIGTERM over once the reactor runs: drain first
   (lifecycle.drain), then stop the reactor.
@@ -32,6 +35,10 @@ def install() -> bool:
         return True
 
     def handle_reply(self: Any, message: dict[str, Any]) -> None:
+        accepted = self.state in (self.STATE_OPEN, self.STATE_CLOSING, self.STATE_CLOSED)
+        if message.get("type") == "websocket.close" and accepted:
+            _send_close_frame(self, message)
+            return
         headers = message.get("headers")
         if message.get("type") != "websocket.accept" or not headers or not hasattr(self, "handshake_deferred"):
             original(self, message)
@@ -44,6 +51,14 @@ def install() -> bool:
     WebSocketProtocol.handle_reply = handle_reply
     _install_graceful_sigterm()
     return True
+
+
+def _send_close_frame(protocol: Any, message: dict[str, Any]) -> None:
+    from autobahn.util import encode_truncate
+
+    reason = message.get("reason")
+    reason_utf8 = encode_truncate(reason, 123) if reason else None  # 125 bytes minus the code
+    protocol.sendCloseFrame(code=message.get("code", 1000), reasonUtf8=reason_utf8)  # ignored once closing
 
 
 def _install_graceful_sigterm() -> None:
