@@ -11,10 +11,9 @@ from typing import Any
 from autobahn.exception import PayloadExceededError
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from acp_channels import daphne_compat, protocol
+from acp_channels import cors, daphne_compat, protocol
 from acp_channels.agents import AgentClosed, create_agent_channel
 from acp_channels.conf import acp_settings
-from acp_channels.cors import origin_allowed
 from acp_channels.host import ConnectionHost, registry
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import InboundPlan
@@ -35,9 +34,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
 
     async def connect(self) -> None:
         daphne_compat.install()  # under `runserver` daphne is imported after our ready()
-        headers = dict(self.scope.get("headers", []))
-        origin = headers.get(b"origin")
-        if lifecycle.draining or not origin_allowed(origin.decode("latin-1") if origin is not None else None):
+        if lifecycle.draining or cors.refusal(cors.websocket_request(self.scope)) is not None:
             await self.close()  # before accept: the server answers 403
             return
         max_connections: int | None = acp_settings.MAX_CONNECTIONS

@@ -41,7 +41,8 @@ AGENT_NOT_STARTED = "the agent could not be started (see the server log)"
 
 @csrf_exempt
 async def acp_endpoint(request: HttpRequest) -> HttpResponseBase:
-    response = await dispatch(request)
+    refusal = cors.refusal(request)  # a disallowed Host, a foreign Origin (DNS rebinding)
+    response = text_response(*refusal) if refusal is not None else await dispatch(request)
     cors.vary_on_origin(response)
     return response
 

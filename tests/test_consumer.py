@@ -37,15 +37,29 @@ def application() -> Any:
     return build_asgi_application()
 
 
-def communicator_for(application: Any, origin: str | None = None) -> WebsocketCommunicator:
-    headers = [(b"origin", origin.encode())] if origin is not None else []
+#: The Host of every upgrade here: pytest-django adds "testserver" to ALLOWED_HOSTS, as Django's
+#: test runner does (WebsocketCommunicator sends no Host of its own).
+HOST = "testserver"
+
+
+def communicator_for(application: Any, origin: str | None = None, host: str | None = HOST) -> WebsocketCommunicator:
+    headers = [(b"host", host.encode())] if host is not None else []
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
     return WebsocketCommunicator(application, "/acp", headers=headers)
 
 
 @contextlib.asynccontextmanager
 async def connected(application: Any, origin: str | None = None) -> AsyncIterator[tuple[WebsocketCommunicator, str]]:
     """An accepted socket and its connection id; disconnected (if still running) on exit."""
-    communicator = communicator_for(application, origin)
+    async with connected_communicator(communicator_for(application, origin)) as connection:
+        yield connection
+
+
+@contextlib.asynccontextmanager
+async def connected_communicator(
+    communicator: WebsocketCommunicator,
+) -> AsyncIterator[tuple[WebsocketCommunicator, str]]:
     accepted, _ = await communicator.connect(TIMEOUT)
     try:
         assert accepted
@@ -104,6 +118,41 @@ async def test_origin_is_refused_when_cors_is_off(application: Any, settings: An
     accepted, _ = await communicator.connect(TIMEOUT)
     assert not accepted
     await communicator.disconnect(timeout=TIMEOUT)
+
+
+async def refused_before_accept(communicator: WebsocketCommunicator) -> None:
+    hosts_before = len(registry)
+    accepted, _ = await communicator.connect(TIMEOUT)
+    assert not accepted  # a close before accept: the server answers 403
+    assert len(registry) == hosts_before
+    await communicator.disconnect(timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("host", ["rebound.example", "rebound.example:8000", None])
+async def test_a_host_outside_allowed_hosts_is_refused_before_accept(application: Any, host: str | None) -> None:
+    """DNS rebinding: a foreign name resolving to the server. channels applies ALLOWED_HOSTS to
+    no WebSocket; the consumer does, as Django does for HTTP (no Host: the server's name)."""
+    await refused_before_accept(communicator_for(application, host=host))
+
+
+@pytest.mark.parametrize("origin", [f"http://{HOST}", f"http://{HOST}:80"])
+async def test_the_own_origin_is_accepted(application: Any, origin: str) -> None:
+    async with connected(application, origin) as (communicator, _):
+        await communicator.send_json_to(rpc(1, "same/origin"))
+        assert await receive(communicator) == echo(1, "same/origin")
+
+
+async def test_an_https_page_is_its_own_origin_only_over_tls(application: Any, settings: Any) -> None:
+    """Behind a TLS-terminating proxy the socket is wss only by SECURE_PROXY_SSL_HEADER, as for
+    Django's request.is_secure()."""
+    communicator = communicator_for(application, f"https://{HOST}")
+    communicator.scope["headers"].append((b"x-forwarded-proto", b"https"))
+    await refused_before_accept(communicator)
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    communicator = communicator_for(application, f"https://{HOST}")
+    communicator.scope["headers"].append((b"x-forwarded-proto", b"https"))
+    async with connected_communicator(communicator):
+        pass
 
 
 # -- frames ----------------------------------------------------------------------------------
