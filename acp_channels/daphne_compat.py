@@ -7,6 +7,9 @@
 - Close codes: daphne closes through autobahn's `sendClose`, which only takes 1000 and 3000-4999
   (an application API rule) and raises on the codes servers send (1009, 1011, 1013), and it drops
   the close reason. We write the close frame with the code and reason the application gave.
+- WebSocket scheme: daphne leaves `scheme` out of WebSocket scopes (ASGI's default is then "ws"),
+  even over TLS or with --proxy-headers and `X-Forwarded-Proto: https`, so a wss page's own
+  origin would look foreign. We fill it in as daphne does for HTTP.
 - Graceful SIGTERM: Twisted stops the reactor at once and daphne cancels every application,
   which cuts open SSE streams mid-way. We take SIGTERM over once the reactor runs: drain first
   (lifecycle.drain), then stop the reactor.
@@ -49,6 +52,7 @@ def install() -> bool:
 
     handle_reply.acp_channels_patched = True  # type: ignore[attr-defined]
     WebSocketProtocol.handle_reply = handle_reply
+    _install_websocket_scheme()
     _install_graceful_sigterm()
     return True
 
@@ -59,6 +63,25 @@ def _send_close_frame(protocol: Any, message: dict[str, Any]) -> None:
     reason = message.get("reason")
     reason_utf8 = encode_truncate(reason, 123) if reason else None  # 125 bytes minus the code
     protocol.sendCloseFrame(code=message.get("code", 1000), reasonUtf8=reason_utf8)  # ignored once closing
+
+
+def _install_websocket_scheme() -> None:
+    from daphne.server import Server
+    from twisted.internet.interfaces import ISSLTransport
+
+    original = Server.create_application
+
+    def create_application(self: Any, protocol: Any, scope: dict[str, Any]) -> Any:
+        if scope.get("type") == "websocket" and "scheme" not in scope:
+            forwarded = getattr(protocol, "client_scheme", None)  # X-Forwarded-Proto, with --proxy-headers
+            if forwarded is None:
+                secure = ISSLTransport.providedBy(protocol.transport)
+            else:
+                secure = forwarded in ("https", "wss")
+            scope["scheme"] = "wss" if secure else "ws"
+        return original(self, protocol, scope)
+
+    Server.create_application = create_application
 
 
 def _install_graceful_sigterm() -> None:

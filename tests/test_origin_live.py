@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -36,7 +37,9 @@ def wire_server() -> Iterator[DaphneServer]:
     server.stop()
 
 
-async def ws_status(server: DaphneServer, *, origin: str | None = None, host: str | None = None) -> int:
+async def ws_status(
+    server: DaphneServer, *, origin: str | None = None, host: str | None = None, headers: dict[str, str] | None = None
+) -> int:
     """101 when the upgrade is accepted (and a round trip works), else the refusal's status.
     `host` is the name the client believes it connects to (the Host header); the TCP connection
     always goes to the server on loopback."""
@@ -47,6 +50,7 @@ async def ws_status(server: DaphneServer, *, origin: str | None = None, host: st
             host="127.0.0.1",
             port=server.port,
             origin=Origin(origin) if origin is not None else None,
+            additional_headers=headers,
             proxy=None,
             open_timeout=TIMEOUT,
             close_timeout=TIMEOUT,
@@ -188,3 +192,31 @@ async def test_acp_allowed_hosts_names_the_served_hosts(named_server: DaphneServ
     assert (await post_initialize(http, named_server, origin=f"http://{own}", host=own)).status_code == 200
     assert await ws_status(named_server, origin=f"http://{own}", host=own) == 101
     assert await ws_status(named_server, host=f"127.0.0.1:{port}") == 403
+
+
+# -- behind a TLS-terminating proxy (daphne --proxy-headers) ----------------------------------
+
+
+class ProxiedDaphne(DaphneServer):
+    """daphne trusting X-Forwarded-For/-Proto, as behind a proxy that sets them."""
+
+    def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
+        argv, cwd, env = super().command()
+        return [*argv[:-1], "--proxy-headers", argv[-1]], cwd, env
+
+
+@pytest.fixture(scope="module")
+def proxied_server() -> Iterator[DaphneServer]:
+    server = ProxiedDaphne(env=WIRE_ENV).start()
+    yield server
+    server.stop()
+
+
+async def test_a_wss_page_behind_the_proxy_is_its_own_origin(proxied_server: DaphneServer) -> None:
+    """daphne leaves the scheme out of WebSocket scopes; acp_channels.daphne_compat fills it in
+    from X-Forwarded-Proto (with --proxy-headers) or the TLS transport."""
+    own = f"https://127.0.0.1:{proxied_server.port}"
+    proxied = {"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https"}
+    assert await ws_status(proxied_server, origin=own, headers=proxied) == 101
+    assert await ws_status(proxied_server, origin=own) == 403  # the same page, but this socket is ws
+    assert await ws_status(proxied_server, origin=own.replace("https", "http"), headers=proxied) == 403
