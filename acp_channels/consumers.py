@@ -73,6 +73,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             while (items := await host.socket_outbox.take(None)) is not None:
                 for item in items:
                     await self.send(text_data=item)
+            await self.close()
         except PayloadExceededError as error:
             # daphne (autobahn) refuses a message over --websocket-max-message-size before
             # writing any of it, so the socket can still carry a close frame. uvicorn has no
@@ -80,23 +81,18 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             reason = too_big_reason(len(item.encode()), error)
             logger.warning("connection %s: %s; closing the socket", host.connection_id, reason)
             await self.end_after_failure(host, MESSAGE_TOO_BIG, reason)
-            return
         except OSError:
             # uvicorn's ClientDisconnected: the client left; disconnect() ends the connection.
             logger.debug("connection %s: the client left while a message was sent", host.connection_id)
-            return
         except Exception:
             logger.exception("connection %s: sending to the socket failed; closing it", host.connection_id)
             await self.end_after_failure(host, INTERNAL_ERROR, "the server failed to send an agent message")
-            return
-        await self.close()
 
     async def end_after_failure(self, host: ConnectionHost, code: int, reason: str) -> None:
         """Tell the client why (the close frame first, so it learns at once), then end the agent."""
-        try:
+        with contextlib.suppress(OSError):  # the client may have left meanwhile (uvicorn)
             await self.close(code=code, reason=reason)
-        finally:
-            await host.terminate()
+        await host.terminate()
 
     async def disconnect(self, code: Any) -> None:
         if self.writer is not None:

@@ -51,18 +51,17 @@ class Refusal(NamedTuple):
     reason: str
 
 
-def refusal(request: HttpRequest) -> Refusal | None:
+def refusal(request: HttpRequest, *, reaches_agent: bool = True) -> Refusal | None:
     """None when the request may proceed: its Host is allowed and its Origin is absent, its own,
-    or listed. A disallowed Host is 400 (Django's answer), a foreign Origin 403. A preflight
-    (OPTIONS) reaches no agent and is not refused for its Origin: django-cors-headers grants it
-    to listed origins only."""
+    or listed. A disallowed Host is 400 (Django's answer), a foreign Origin 403. A request that
+    reaches no agent (a preflight, a method answered 405) is not refused for its Origin."""
     try:
         host = request.get_host()  # validates against ALLOWED_HOSTS
     except DisallowedHost as error:
         disallowed_host_logger.warning("%s", error)
         return Refusal(400, HOST_NOT_ALLOWED)
     origin = request.headers.get("origin")
-    if origin is None or request.method == "OPTIONS" or origin_allowed(origin, host, secure=request.is_secure()):
+    if origin is None or not reaches_agent or origin_allowed(origin, host, secure=request.is_secure()):
         return None
     logger.info("refused a request from origin %r (not %s's own, not in CORS_ALLOWED_ORIGINS)", origin, host)
     return Refusal(403, ORIGIN_NOT_ALLOWED)
