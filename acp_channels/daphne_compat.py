@@ -4,6 +4,14 @@
   WebSocket client would never see `Acp-Connection-Id` on the 101 (the reference, uvicorn and
   hypercorn send it). autobahn already accepts (subprotocol, headers) from the handshake
   callback; we pass the headers through.
+- Close codes: daphne closes through autobahn's `sendClose`, which only takes 1000 and 3000-4999
+  (an application API rule) and raises on the codes servers send (1009, 1011, 1013), and it drops
+  the close reason. We write the close frame with the code and reason the application gave.
+- Handshake bytes: daphne decodes Sec-WebSocket-Protocol as ASCII and answers other bytes with
+  a 500 and a traceback; such a handshake is refused with 400.
+- WebSocket scheme: daphne leaves `scheme` out of WebSocket scopes (ASGI's default is then "ws"),
+  even over TLS or with --proxy-headers and `X-Forwarded-Proto: https`, so a wss page's own
+  origin would look foreign. We fill it in as daphne does for HTTP.
 - Graceful SIGTERM: Twisted stops the reactor at once and daphne cancels every application,
   which cuts open SSE streams mid-way. We take SIGTERM over once the reactor runs: drain first
   (lifecycle.drain), then stop the reactor.
@@ -43,6 +51,8 @@ def install() -> bool:
     if getattr(WebSocketProtocol.handle_reply, "acp_channels_patched", False):
         return True
     _install_accept_headers(WebSocketProtocol)
+    _install_handshake_guard(WebSocketProtocol)
+    _install_websocket_scheme()
     _install_guards()
     _install_graceful_sigterm()
     return True
@@ -52,6 +62,10 @@ def _install_accept_headers(websocket_protocol: Any) -> None:
     original = websocket_protocol.handle_reply
 
     def handle_reply(self: Any, message: dict[str, Any]) -> None:
+        accepted = self.state in (self.STATE_OPEN, self.STATE_CLOSING, self.STATE_CLOSED)
+        if message.get("type") == "websocket.close" and accepted:
+            _send_close_frame(self, message)
+            return
         headers = message.get("headers")
         if message.get("type") != "websocket.accept" or not headers or not hasattr(self, "handshake_deferred"):
             original(self, message)
@@ -83,6 +97,49 @@ def _install_guards() -> None:
             await gate.wait_writable()
 
     server_class.handle_reply = handle_reply
+
+
+def _install_handshake_guard(websocket_protocol: Any) -> None:
+    """daphne decodes Sec-WebSocket-Protocol as ASCII inside onConnect and answers a 500 with a
+    traceback when a client sends other bytes; refuse such a handshake with 400 instead."""
+    from autobahn.websocket.types import ConnectionDeny
+
+    original = websocket_protocol.onConnect
+
+    def on_connect(self: Any, request: Any) -> Any:
+        offered = request.headers.get("sec-websocket-protocol", "")
+        if not offered.isascii():
+            raise ConnectionDeny(ConnectionDeny.BAD_REQUEST, "Sec-WebSocket-Protocol must be ASCII")  # type: ignore[no-untyped-call]
+        return original(self, request)
+
+    websocket_protocol.onConnect = on_connect
+
+
+def _send_close_frame(protocol: Any, message: dict[str, Any]) -> None:
+    from autobahn.util import encode_truncate
+
+    reason = message.get("reason")
+    reason_utf8 = encode_truncate(reason, 123) if reason else None  # 125 bytes minus the code
+    protocol.sendCloseFrame(code=message.get("code", 1000), reasonUtf8=reason_utf8)  # ignored once closing
+
+
+def _install_websocket_scheme() -> None:
+    from daphne.server import Server
+    from twisted.internet.interfaces import ISSLTransport
+
+    original = Server.create_application
+
+    def create_application(self: Any, protocol: Any, scope: dict[str, Any]) -> Any:
+        if scope.get("type") == "websocket" and "scheme" not in scope:
+            forwarded = getattr(protocol, "client_scheme", None)  # X-Forwarded-Proto, with --proxy-headers
+            if forwarded is None:
+                secure = ISSLTransport.providedBy(protocol.transport)
+            else:
+                secure = forwarded in ("https", "wss")
+            scope["scheme"] = "wss" if secure else "ws"
+        return original(self, protocol, scope)
+
+    Server.create_application = create_application
 
 
 def _install_graceful_sigterm() -> None:

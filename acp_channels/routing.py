@@ -35,5 +35,5 @@ def build_asgi_application(*, websocket_prefix: str = "", http_application: Any 
 
     http: Any = http_application if http_application is not None else get_asgi_application()
     routes = [path(websocket_prefix, include(websocket_urlpatterns))] if websocket_prefix else [*websocket_urlpatterns]
-    routes.append(re_path(r"", refuse_websocket))
+    routes.append(re_path(r"", refuse_websocket))  # type: ignore[arg-type]  # an ASGI app, as channels routes take
     return ProtocolTypeRouter({"http": BodyLimit(http), "websocket": URLRouter(routes)})

@@ -49,7 +49,10 @@ AGENT_NOT_STARTED = "the agent could not be started (see the server log)"
 
 @csrf_exempt
 async def acp_endpoint(request: HttpRequest) -> HttpResponseBase:
-    response = await dispatch(request)
+    # A disallowed Host or a foreign Origin (DNS rebinding). Preflights (django-cors-headers
+    # grants them to listed origins only) and other methods (405) reach no agent.
+    refusal = cors.refusal(request, reaches_agent=request.method in ALLOWED_METHODS)
+    response = text_response(*refusal) if refusal is not None else await dispatch(request)
     cors.vary_on_origin(response)
     return response
 

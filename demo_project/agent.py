@@ -324,6 +324,9 @@ class DemoAgent:
     async def _until_cancelled(self, turn: _Turn, call: Awaitable[T]) -> T | None:
         """Await ``call`` unless session/cancel comes first (then abandon it and return None)."""
         task = asyncio.ensure_future(call)
+        # Abandoned when the turn is cancelled or the connection closes (then it fails with
+        # ConnectionError after this turn is gone): its outcome is expected, not news to log.
+        task.add_done_callback(_retrieve_outcome)
         waiter = asyncio.ensure_future(turn.cancelled.wait())
         try:
             await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -383,6 +386,13 @@ class DemoAgent:
             return
         await self.conn.write_text_file(content=content, path=path, session_id=turn.session.session_id)
         await self._say(turn, f"wrote {path}")
+
+
+def _retrieve_outcome(task: asyncio.Future[Any]) -> None:
+    """Mark a task's exception as retrieved (asyncio logs "Task exception was never retrieved"
+    for one nobody asked)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def create_agent() -> DemoAgent:

@@ -16,7 +16,12 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-secret")
 DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
-ALLOWED_HOSTS = ["*"]
+# Loopback names only, so a page whose DNS name is rebound to this machine cannot reach the agent
+# (its requests carry that name as Host). Serving on other names: ACP_ALLOWED_HOSTS, comma
+# separated, in Django's ALLOWED_HOSTS syntax (e.g. "acp.example.com,.internal.example").
+ALLOWED_HOSTS = [
+    host.strip() for host in os.environ.get("ACP_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if host.strip()
+]
 
 INSTALLED_APPS = [
     "daphne",

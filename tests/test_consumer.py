@@ -12,10 +12,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from autobahn.exception import PayloadExceededError
 from channels.layers import InMemoryChannelLayer, channel_layers
 from channels.testing import WebsocketCommunicator
 
 from acp_channels.agents import AgentClosed
+from acp_channels.consumers import AcpWebsocketConsumer
 from acp_channels.host import ConnectionHost, StreamBusy, registry
 from acp_channels.protocol import Single
 from acp_channels.routing import build_asgi_application
@@ -35,15 +37,29 @@ def application() -> Any:
     return build_asgi_application()
 
 
-def communicator_for(application: Any, origin: str | None = None) -> WebsocketCommunicator:
-    headers = [(b"origin", origin.encode())] if origin is not None else []
+#: The Host of every upgrade here: pytest-django adds "testserver" to ALLOWED_HOSTS, as Django's
+#: test runner does (WebsocketCommunicator sends no Host of its own).
+HOST = "testserver"
+
+
+def communicator_for(application: Any, origin: str | None = None, host: str | None = HOST) -> WebsocketCommunicator:
+    headers = [(b"host", host.encode())] if host is not None else []
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
     return WebsocketCommunicator(application, "/acp", headers=headers)
 
 
 @contextlib.asynccontextmanager
 async def connected(application: Any, origin: str | None = None) -> AsyncIterator[tuple[WebsocketCommunicator, str]]:
     """An accepted socket and its connection id; disconnected (if still running) on exit."""
-    communicator = communicator_for(application, origin)
+    async with connected_communicator(communicator_for(application, origin)) as connection:
+        yield connection
+
+
+@contextlib.asynccontextmanager
+async def connected_communicator(
+    communicator: WebsocketCommunicator,
+) -> AsyncIterator[tuple[WebsocketCommunicator, str]]:
     accepted, _ = await communicator.connect(TIMEOUT)
     try:
         assert accepted
@@ -102,6 +118,41 @@ async def test_origin_is_refused_when_cors_is_off(application: Any, settings: An
     accepted, _ = await communicator.connect(TIMEOUT)
     assert not accepted
     await communicator.disconnect(timeout=TIMEOUT)
+
+
+async def refused_before_accept(communicator: WebsocketCommunicator) -> None:
+    hosts_before = len(registry)
+    accepted, _ = await communicator.connect(TIMEOUT)
+    assert not accepted  # a close before accept: the server answers 403
+    assert len(registry) == hosts_before
+    await communicator.disconnect(timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("host", ["rebound.example", "rebound.example:8000", None])
+async def test_a_host_outside_allowed_hosts_is_refused_before_accept(application: Any, host: str | None) -> None:
+    """DNS rebinding: a foreign name resolving to the server. channels applies ALLOWED_HOSTS to
+    no WebSocket; the consumer does, as Django does for HTTP (no Host: the server's name)."""
+    await refused_before_accept(communicator_for(application, host=host))
+
+
+@pytest.mark.parametrize("origin", [f"http://{HOST}", f"http://{HOST}:80"])
+async def test_the_own_origin_is_accepted(application: Any, origin: str) -> None:
+    async with connected(application, origin) as (communicator, _):
+        await communicator.send_json_to(rpc(1, "same/origin"))
+        assert await receive(communicator) == echo(1, "same/origin")
+
+
+async def test_an_https_page_is_its_own_origin_only_over_tls(application: Any, settings: Any) -> None:
+    """Behind a TLS-terminating proxy the socket is wss only by SECURE_PROXY_SSL_HEADER, as for
+    Django's request.is_secure()."""
+    communicator = communicator_for(application, f"https://{HOST}")
+    communicator.scope["headers"].append((b"x-forwarded-proto", b"https"))
+    await refused_before_accept(communicator)
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    communicator = communicator_for(application, f"https://{HOST}")
+    communicator.scope["headers"].append((b"x-forwarded-proto", b"https"))
+    async with connected_communicator(communicator):
+        pass
 
 
 # -- frames ----------------------------------------------------------------------------------
@@ -221,3 +272,62 @@ async def test_the_socket_does_not_depend_on_the_channel_layer(application: Any,
                 assert reply["id"] == request_id
     finally:
         channel_layers.backends.clear()
+
+
+# -- failures on the way out -----------------------------------------------------------------
+
+SOCKET_LIMIT = 100
+
+
+def refuse_large_messages(monkeypatch: pytest.MonkeyPatch, failure: type[Exception]) -> None:
+    """Make the server side refuse text messages over SOCKET_LIMIT bytes, as daphne (autobahn)
+    does past --websocket-max-message-size; `failure` is what it raises."""
+    original = AcpWebsocketConsumer.send
+
+    async def send(self: AcpWebsocketConsumer, text_data: str | None = None, **kwargs: Any) -> None:
+        if text_data is not None and len(text_data.encode()) > SOCKET_LIMIT:
+            raise failure(
+                f"tried to send WebSocket message with size {len(text_data.encode())} "
+                f"exceeding payload limit of {SOCKET_LIMIT} octets"
+            )
+        await original(self, text_data=text_data, **kwargs)
+
+    monkeypatch.setattr(AcpWebsocketConsumer, "send", send)
+
+
+async def test_an_agent_message_over_the_socket_limit_closes_with_1009(
+    application: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    refuse_large_messages(monkeypatch, PayloadExceededError)
+    async with connected(application) as (communicator, connection_id):
+        host = host_of(connection_id)
+        await communicator.send_json_to(rpc(1, "small"))
+        assert await receive(communicator) == echo(1, "small")
+        big = rpc(2, "big", {"pad": "x" * SOCKET_LIMIT})
+        size = len(json.dumps(echo(2, "big", big["params"]), separators=(",", ":")))
+        await communicator.send_to(text_data=json.dumps(big))
+        closing = await communicator.receive_output(TIMEOUT)
+        assert closing == {
+            "type": "websocket.close",
+            "code": 1009,
+            "reason": f"agent message of {size} bytes exceeds the socket's limit of {SOCKET_LIMIT}",
+        }
+        assert host.ended.is_set() and registry.get(connection_id) is None
+        with pytest.raises(AgentClosed):
+            await host.agent.send(Single(rpc(3, "after/close")))
+    warnings = [record for record in caplog.records if record.levelname == "WARNING"]
+    assert [connection_id in record.getMessage() for record in warnings] == [True]
+
+
+async def test_any_other_send_failure_closes_with_1011_and_is_logged(
+    application: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    refuse_large_messages(monkeypatch, RuntimeError)
+    async with connected(application) as (communicator, connection_id):
+        await communicator.send_json_to(rpc(1, "big", {"pad": "x" * SOCKET_LIMIT}))
+        closing = await communicator.receive_output(TIMEOUT)
+        assert (closing["type"], closing["code"]) == ("websocket.close", 1011)
+        assert registry.get(connection_id) is None
+    errors = [record for record in caplog.records if record.levelname == "ERROR"]
+    assert len(errors) == 1 and connection_id in errors[0].getMessage()
+    assert errors[0].exc_info is not None and isinstance(errors[0].exc_info[1], RuntimeError)

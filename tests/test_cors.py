@@ -1,9 +1,10 @@
 """Cross-origin access to `/acp` over the wire (spec §3.3, §14 items 7-12).
 
 CORS off (the default, `wire_server`): no Access-Control-* headers anywhere, OPTIONS is 405, and
-every WebSocket upgrade with an Origin is refused. CORS on (`cors_server`, one listed origin):
-django-cors-headers answers preflights and decorates our responses for the listed origin only;
-unlisted origins are still served, just without the headers; the WebSocket gate uses the same list.
+every request with a foreign Origin is refused (HTTP 403 with a text body, WebSocket 403); the
+server's own origin and requests without an Origin are served. CORS on (`cors_server`, one listed
+origin): django-cors-headers answers preflights and decorates our responses for the listed origin
+only; unlisted origins are refused as with CORS off; the WebSocket gate uses the same list.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin
 
+from acp_channels.cors import same_origin
 from tests.live import JSON, SSE, DaphneServer, rpc
 
 ALLOWED = "http://allowed.example"
 UNLISTED = "http://evil.example"
+OWN = "own"  # stands for the server's own origin, http://127.0.0.1:<port>
 TIMEOUT = 10.0
 
 
@@ -69,6 +72,10 @@ def assert_no_cors(response: httpx.Response) -> None:
     assert access_control(response) == {}
 
 
+def own_origin(server: DaphneServer, origin: str | None) -> str | None:
+    return f"http://127.0.0.1:{server.port}" if origin == OWN else origin
+
+
 def origin_headers(origin: str | None, **headers: str) -> dict[str, str]:
     return {**({"Origin": origin} if origin is not None else {}), **headers}
 
@@ -112,6 +119,25 @@ async def responses_of_every_kind(http: httpx.AsyncClient, url: str, origin: str
     return got
 
 
+async def refused_requests(http: httpx.AsyncClient, url: str, origin: str) -> dict[str, httpx.Response]:
+    """One request of each method with a foreign `origin`, each asserted refused: 403, text."""
+    init = await initialize(http, url, None)
+    with_id = origin_headers(origin, **{"Acp-Connection-Id": init.headers["acp-connection-id"]})
+    got = {
+        "initialize": await http.post(url, headers=origin_headers(origin, **JSON), json=rpc(0, "initialize", {})),
+        "post": await http.post(url, headers={**JSON, **with_id}, json=rpc(1, "x/y")),
+    }
+    async with sse(http, url, {**SSE, **with_id}) as stream:  # an open stream would never end
+        if stream.status_code != 200:
+            await stream.aread()
+        got["get"] = stream
+    got["delete"] = await http.delete(url, headers=with_id)
+    await http.delete(url, headers={"Acp-Connection-Id": init.headers["acp-connection-id"]})
+    for name, response in got.items():
+        assert (response.status_code, response.text) == (403, "origin not allowed"), name
+    return got
+
+
 async def ws_status(url: str, origin: str | None) -> int:
     """101 when the upgrade is accepted (and a round trip works), else the refusal's status."""
     try:
@@ -134,13 +160,22 @@ async def ws_status(url: str, origin: str | None) -> int:
 # -- CORS off --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("origin", [ALLOWED, UNLISTED, None])
+@pytest.mark.parametrize("origin", [OWN, None])
 async def test_cors_off_sends_no_access_control_headers(
     wire_server: DaphneServer, http: httpx.AsyncClient, origin: str | None
 ) -> None:
+    origin = own_origin(wire_server, origin)
     for name, response in (await responses_of_every_kind(http, wire_server.url, origin)).items():
         assert access_control(response) == {}, name
         assert "origin" not in vary(response), name
+
+
+@pytest.mark.parametrize("origin", [ALLOWED, UNLISTED, "null"])
+async def test_cors_off_refuses_http_from_any_foreign_origin(
+    wire_server: DaphneServer, http: httpx.AsyncClient, origin: str
+) -> None:
+    for name, response in (await refused_requests(http, wire_server.url, origin)).items():
+        assert access_control(response) == {}, name
 
 
 async def test_cors_off_options_is_405(wire_server: DaphneServer, http: httpx.AsyncClient) -> None:
@@ -156,8 +191,12 @@ async def test_cors_off_options_is_405(wire_server: DaphneServer, http: httpx.As
 
 
 @pytest.mark.parametrize("origin", [ALLOWED, "null", "http://127.0.0.1"])
-async def test_cors_off_refuses_websocket_with_any_origin(wire_server: DaphneServer, origin: str) -> None:
+async def test_cors_off_refuses_websocket_with_any_foreign_origin(wire_server: DaphneServer, origin: str) -> None:
     assert await ws_status(wire_server.ws_url, origin) == 403
+
+
+async def test_cors_off_accepts_websocket_from_its_own_origin(wire_server: DaphneServer) -> None:
+    assert await ws_status(wire_server.ws_url, own_origin(wire_server, OWN)) == 101
 
 
 async def test_cors_off_accepts_websocket_without_origin(wire_server: DaphneServer) -> None:
@@ -177,19 +216,29 @@ async def test_listed_origin_gets_cors_headers_on_every_response(
             raise AssertionError(f"{name}: {error}") from error
 
 
-@pytest.mark.parametrize("origin", [UNLISTED, "HTTP://ALLOWED.EXAMPLE", ALLOWED + "/", "null", None])
-async def test_unlisted_or_missing_origin_is_served_without_cors_headers(
+@pytest.mark.parametrize("origin", [OWN, None])
+async def test_own_or_missing_origin_is_served_without_cors_headers(
     cors_server: DaphneServer, http: httpx.AsyncClient, origin: str | None
 ) -> None:
+    origin = own_origin(cors_server, origin)
     for name, response in (await responses_of_every_kind(http, cors_server.url, origin)).items():
         assert access_control(response) == {}, name
 
 
-@pytest.mark.parametrize("origin", [UNLISTED, None])
+@pytest.mark.parametrize("origin", [UNLISTED, "HTTP://ALLOWED.EXAMPLE", ALLOWED + "/", "null"])
+async def test_unlisted_origin_is_refused_with_403_without_cors_headers(
+    cors_server: DaphneServer, http: httpx.AsyncClient, origin: str
+) -> None:
+    for name, response in (await refused_requests(http, cors_server.url, origin)).items():
+        assert access_control(response) == {}, name
+        assert "origin" in vary(response), name
+
+
+@pytest.mark.parametrize("origin", [OWN, None])
 async def test_every_response_varies_by_origin_when_cors_is_on(
     cors_server: DaphneServer, http: httpx.AsyncClient, origin: str | None
 ) -> None:
-    response = await initialize(http, cors_server.url, origin)
+    response = await initialize(http, cors_server.url, own_origin(cors_server, origin))
     await http.delete(cors_server.url, headers={"Acp-Connection-Id": response.headers["acp-connection-id"]})
     assert "origin" in vary(response)
 
@@ -257,3 +306,53 @@ async def test_websocket_with_unlisted_origin_is_refused_with_403(cors_server: D
 
 async def test_websocket_without_origin_is_accepted(cors_server: DaphneServer) -> None:
     assert await ws_status(cors_server.ws_url, None) == 101
+
+
+async def test_websocket_from_its_own_origin_is_accepted(cors_server: DaphneServer) -> None:
+    assert await ws_status(cors_server.ws_url, own_origin(cors_server, OWN)) == 101
+
+
+# -- the same-origin rule --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "secure"),
+    [
+        ("http://127.0.0.1:8000", "127.0.0.1:8000", False),
+        ("http://example.com", "example.com", False),
+        ("http://example.com", "example.com:80", False),  # default ports are the same origin
+        ("http://example.com:80", "example.com", False),
+        ("https://example.com", "example.com:443", True),
+        ("https://example.com:443", "example.com", True),
+        ("http://EXAMPLE.com", "example.COM", False),  # names compare case-insensitively
+        ("http://[::1]:8000", "[::1]:8000", False),
+        ("https://example.com:8443", "example.com:8443", True),
+    ],
+)
+def test_same_origin(origin: str, host: str, secure: bool) -> None:
+    assert same_origin(origin, host, secure=secure)
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "secure"),
+    [
+        ("https://example.com", "example.com", False),  # an https page, a ws (not wss) socket
+        ("http://example.com", "example.com", True),  # an http page, a wss socket
+        ("http://example.com:8000", "example.com", False),
+        ("http://example.com", "example.com:8000", False),
+        ("https://example.com", "example.com:80", True),
+        ("http://evil.example", "example.com", False),
+        ("http://example.com.evil.example", "example.com", False),
+        ("http://example.com/", "example.com", False),  # not a serialized origin
+        ("http://user@example.com", "example.com", False),
+        ("null", "example.com", False),
+        ("file://", "example.com", False),
+        ("ws://example.com", "example.com", False),
+        ("http://example.com", "user@example.com", False),
+        ("http://example.com:99999", "example.com:99999", False),
+        ("http://[::1]:8000", "[::1:8000", False),
+        ("http://example.com, http://evil.example", "example.com", False),  # a repeated header
+    ],
+)
+def test_not_same_origin(origin: str, host: str, secure: bool) -> None:
+    assert not same_origin(origin, host, secure=secure)

@@ -8,8 +8,8 @@ client is served (initialize, session/new and a prompt round trip).
 Hypothesis runs a fixed, modest number of derandomized examples (deadline None: the server is
 on a shared machine); sizes that Hypothesis would be slow to build (multi-megabyte strings) come
 from a seeded generator. Inputs go over raw sockets (tests/rawhttp.py) because httpx and
-websockets would normalise them. Findings the current code fails are kept as explicit
-regression tests marked xfail(strict=True) with the finding in the reason.
+websockets would normalise them. What the fuzzing found (F1-F4) stays as explicit regression
+tests.
 """
 
 from __future__ import annotations
@@ -530,15 +530,6 @@ WS_HEADER_NAMES = st.sampled_from(
 ) | HEADER_NAMES
 
 
-def known_websocket_finding(path: bytes, headers: list[tuple[bytes, bytes]]) -> bool:
-    """Inputs of findings F2 and F3 (explicit xfail tests below), left out of the random
-    handshakes so those stay green until the fixes land; drop this filter once they have."""
-    subprotocol_not_ascii = any(
-        name.lower() == b"sec-websocket-protocol" and not value.isascii() for name, value in headers
-    )
-    return subprotocol_not_ascii or path.split(b"?")[0] != b"/acp"
-
-
 def test_websocket_handshakes(wire: DaphneServer) -> None:
     """Upgrade requests with random and missing handshake headers, paths and Origins get an HTTP
     answer (101 or 4xx) or a close, never a hang or a 5xx; an accepted socket is closed by us."""
@@ -555,8 +546,6 @@ def test_websocket_handshakes(wire: DaphneServer) -> None:
         base = {b"Upgrade": b"websocket", b"Connection": b"Upgrade", b"Sec-WebSocket-Key": WS_KEY,
                 b"Sec-WebSocket-Version": b"13", **replace}
         headers = [(name, value) for name, value in base.items() if name not in drop] + extra
-        if known_websocket_finding(path, headers):
-            return
         exchange(wire.port, rawhttp.request_bytes(b"GET", path, headers))
 
     with clean_log(wire):
@@ -569,11 +558,6 @@ def _upgrade(path: bytes, *extra: tuple[bytes, bytes]) -> bytes:
     return rawhttp.request_bytes(b"GET", path, headers)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding F2: a WebSocket upgrade whose Sec-WebSocket-Protocol has a non-ASCII byte gets 500 and a "
-    "traceback (daphne ws_protocol.onConnect decodes the header as ASCII: UnicodeDecodeError)",
-)
 def test_non_ascii_subprotocol_is_refused_cleanly(wire: DaphneServer) -> None:
     start = len(wire.log)
     result = exchange(wire.port, _upgrade(b"/acp", (b"Sec-WebSocket-Protocol", b"acp, \xff")))

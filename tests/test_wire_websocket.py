@@ -176,11 +176,11 @@ async def test_any_origin_is_refused_with_403_while_cors_is_off(wire_server: Dap
     assert refused.value.response.status_code == 403
 
 
-async def test_same_host_origin_is_refused_while_cors_is_off(wire_server: DaphneServer) -> None:
-    with pytest.raises(InvalidStatus) as refused:
-        async with open_ws(wire_server.ws_url, origin=f"http://127.0.0.1:{wire_server.port}"):
-            pass
-    assert refused.value.response.status_code == 403
+async def test_same_origin_is_accepted_while_cors_is_off(wire_server: DaphneServer) -> None:
+    """A page served by this server is not a foreign origin (only foreign origins are refused)."""
+    async with open_ws(wire_server.ws_url, origin=f"http://127.0.0.1:{wire_server.port}") as ws:
+        await send(ws, rpc(1, "same/origin"))
+        assert await receive(ws) == echo(1, "same/origin")
 
 
 async def test_no_origin_is_accepted(wire_server: DaphneServer) -> None:
