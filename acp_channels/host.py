@@ -650,7 +650,10 @@ class Registry:
             for host in list(self._hosts.values()):
                 if host.idle_since(now) > timeout:
                     logger.info("connection %s idle for %.0f s: ending it", host.connection_id, timeout)
-                    await host.terminate()
+                    try:
+                        await host.terminate()
+                    except Exception:  # one failing agent must not stop the sweeps for the others
+                        logger.exception("ending idle connection %s failed", host.connection_id)
 
     def _forget(self, host: ConnectionHost) -> None:
         if self._hosts.get(host.connection_id) is host:

@@ -279,6 +279,26 @@ async def test_an_idle_connection_holding_output_is_reaped_and_gives_back_its_bu
     assert registry.budget.used == worker_before
 
 
+async def test_an_agent_that_fails_to_close_does_not_stop_the_reaper(
+    hosts: Callable[..., ConnectionHost], caps_settings: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caps_settings["IDLE_TIMEOUT_SECONDS"] = 0.2
+    registry._reaper = None  # a fresh reaper with the short timeout
+    failing, other = hosts(), hosts()
+
+    async def close_fails() -> None:
+        raise RuntimeError("the agent failed while closing")
+
+    original_close = failing.agent.close
+    failing.agent.close = close_fails  # type: ignore[method-assign]
+    try:
+        await asyncio.wait_for(other.ended.wait(), TIMEOUT)  # reaped after the failing one
+    finally:
+        failing.agent.close = original_close  # type: ignore[method-assign]
+    assert failing.ended.is_set()
+    assert "the agent failed while closing" in caplog.text
+
+
 # -- session streams --------------------------------------------------------------------------------
 
 
