@@ -55,6 +55,24 @@ DEFAULTS: Final[dict[str, Any]] = {
     # On SIGTERM a worker drains (refuses new connections, ends its streams cleanly, shuts its
     # agents down) for at most this long, then exits.
     "SHUTDOWN_GRACE_SECONDS": 10.0,
+    # Authentication (docs/authentication.md). A dotted path to a callable (sync or async) that
+    # takes an acp_channels.auth.RequestContext and returns an identity.Principal, or raises
+    # auth.Refused (401/403). None: everyone is identity.ANONYMOUS (a system check warns).
+    "AUTHENTICATE": None,
+    # Explicitly allow unauthenticated access (silences the warning; required for stdio agents
+    # without AUTHENTICATE).
+    "ALLOW_ANONYMOUS": False,
+    # For the bearer-token authenticator: a dotted path to a callable (sync or async) taking the
+    # token and returning a Django user, a Principal, or None.
+    "TOKEN_LOOKUP": None,
+    # For the settings token lookup (a shared team token): {token: principal id}.
+    "TOKENS": {},
+    # A Django permission ("app_label.codename") a user must have, for the authenticators that
+    # yield Django users. None: any authenticated user.
+    "REQUIRED_PERMISSION": None,
+    # Connections one principal may hold at once on a worker; beyond it initialize gets 429.
+    # Anonymous access is bounded by MAX_CONNECTIONS only.
+    "MAX_CONNECTIONS_PER_PRINCIPAL": 32,
     # Browser origins allowed to use the endpoint across origins (CORS through
     # django-cors-headers, and the WebSocket Origin check). Empty: cross-origin use is off.
     "CORS_ALLOWED_ORIGINS": [],

@@ -23,12 +23,12 @@ from typing import Any, Final, Literal
 
 from acp_channels import protocol
 from acp_channels.agents import AgentChannel, AgentClosed
+from acp_channels.identity import ANONYMOUS, AgentContext, Principal, TransportKind
 from acp_channels.protocol import Batch, Frame, InboundPlan, Single, StreamKey
 from acp_channels.worker import bus, new_connection_id
 
 logger = logging.getLogger(__name__)
 
-TransportKind = Literal["http", "websocket"]
 
 #: One take hands a reader at most about this much output (or one larger item), so what the
 #: server holds for a slow socket is bounded by a batch, not by everything queued.
@@ -307,8 +307,11 @@ class ConnectionHost:
         max_buffered_bytes: int,
         on_end: Callable[[ConnectionHost], None],
         worker_budget: WorkerBudget | None = None,
+        principal: Principal = ANONYMOUS,
     ) -> None:
         self.connection_id = connection_id
+        #: Who created the connection: every later request on it must be the same principal.
+        self.principal = principal
         self.transport = transport
         self.agent = agent
         self._budget = OutboundBudget(max_buffered_bytes, worker_budget)
@@ -604,9 +607,16 @@ class Registry:
         return self._hosts.get(connection_id)
 
     def create(
-        self, agent_factory: Callable[[str], AgentChannel], transport: TransportKind, *, max_buffered_bytes: int
+        self,
+        agent_factory: Callable[[AgentContext], AgentChannel],
+        transport: TransportKind,
+        *,
+        max_buffered_bytes: int,
+        principal: Principal = ANONYMOUS,
+        remote_address: str | None = None,
     ) -> ConnectionHost:
-        """A new connection with a new agent (the factory gets the connection id, for logging).
+        """A new connection owned by `principal`, with a new agent (the factory gets the
+        connection's AgentContext: whom it serves, the connection id, transport, address).
 
         ServerFull when this worker hosts MAX_CONNECTIONS, or holds its whole output budget.
         """
@@ -617,13 +627,15 @@ class Registry:
             raise ServerFull("budget")
         connection_id = new_connection_id()
         bus.ensure_listening()  # other workers must be able to reach this host
+        context = AgentContext(principal, connection_id, transport, remote_address)
         host = ConnectionHost(
             connection_id,
-            agent_factory(connection_id),
+            agent_factory(context),
             transport,
             max_buffered_bytes=max_buffered_bytes,
             on_end=self._forget,
             worker_budget=self.budget,
+            principal=principal,
         )
         self._hosts[connection_id] = host
         self._ensure_reaper()

@@ -29,6 +29,7 @@ from acp_channels.agents.stdio import (
     setting_problems,
 )
 from acp_channels.host import ConnectionHost
+from acp_channels.identity import ANONYMOUS, AgentContext
 from acp_channels.protocol import Batch, Frame, Malformed, Single
 from tests.agent_processes import alive, reaped, supported, wait_gone
 from tests.live import ROOT, rpc
@@ -518,7 +519,7 @@ async def test_the_factory_starts_a_process_for_the_command_form(settings: Any) 
         "AGENT_SHUTDOWN_GRACE": 0.25,
         "MAX_BODY_BYTES": MiB,
     }
-    channel = create_agent_channel("conn-factory")
+    channel = create_agent_channel(AgentContext(ANONYMOUS, "conn-factory", "http"))
     assert isinstance(channel, StdioAgentChannel)
     try:
         assert (channel._grace, channel._max_line) == (0.25, MiB + LINE_HEADROOM)

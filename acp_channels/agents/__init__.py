@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from acp_channels.identity import AgentContext
 from acp_channels.protocol import Frame
 
 
@@ -34,7 +35,7 @@ class AgentClosed(ConnectionError):
     """The agent no longer accepts input."""
 
 
-def create_agent_channel(connection_id: str) -> AgentChannel:
+def create_agent_channel(context: AgentContext) -> AgentChannel:
     """A new agent for one connection, from the `AGENT` setting.
 
     A command (a dict) starts its own agent process. A dotted path names a factory that returns
@@ -52,7 +53,7 @@ def create_agent_channel(connection_id: str) -> AgentChannel:
 
         return StdioAgentChannel.from_setting(
             setting,
-            connection_id,
+            context.connection_id,
             shutdown_grace=float(acp_settings.AGENT_SHUTDOWN_GRACE),
             max_line_bytes=int(acp_settings.MAX_BODY_BYTES) + LINE_HEADROOM,
         )
