@@ -1,9 +1,9 @@
 """Authentication fixtures for the tests: a token lookup and a user-like object.
 
-`lookup` is a TOKEN_LOOKUP (async): "alice-token" and "bob-token" are principals of kind
-"token"; "carol-token" is a user without the permission "acp.use" and "dave-token" a user
-with it (users go through REQUIRED_PERMISSION like Django users do); anything else is None.
-`sync_lookup` is the same, synchronous. No database: the users are plain objects.
+`lookup` is a TOKEN_LOOKUP (async): ALICE, BOB and EVE are principals of kind "token"; CAROL is
+a user without the permission "acp.use", DAVE a user with it (users go through
+REQUIRED_PERMISSION like Django users do); anything else is None. `sync_lookup` is the same,
+synchronous. No database: the users are plain objects.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789"
 CAROL = "carol-token-0123456789"
 DAVE = "dave-token-0123456789"
+#: A principal of its own for the quota test (nothing else holds its connections).
+EVE = "eve-token-0123456789"
 
 
 @dataclass
@@ -39,6 +41,7 @@ def found(token: str) -> Principal | FakeUser | None:
         BOB: Principal("token", "bob", "bob"),
         CAROL: FakeUser(3, "carol"),
         DAVE: FakeUser(4, "dave", {"acp.use"}),
+        EVE: Principal("token", "eve", "eve"),
     }.get(token)
 
 
