@@ -3,16 +3,22 @@ bearer tokens over HTTP and WebSocket (header and subprotocol), every refusal, c
 to their principal (a stolen id is 404 for anyone else, on any worker), the per-principal quota,
 and the audit log lines (which never carry a token).
 
-The server: ACP_AUTHENTICATE = bearer_token with tests.auth_fixtures.lookup (alice and bob are
-principals; carol is a user without REQUIRED_PERMISSION "acp.use", dave one with it).
+The token server: ACP_AUTHENTICATE = bearer_token with tests.auth_fixtures.lookup (alice and bob
+are principals; carol is a user without REQUIRED_PERMISSION "acp.use", dave one with it). The
+session site (tests.auth_site, sqlite): django_user with real login sessions, and the
+cross-site (CSRF) refusals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -22,7 +28,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests import auth_fixtures as tokens
 from tests.cluster import Cluster
 from tests.conftest import SHAPES
-from tests.live import JSON, SSE, DaphneServer, rpc
+from tests.live import JSON, ROOT, SSE, DaphneServer, rpc
 
 QUOTA = 2
 AUTH_ENV = {
@@ -145,11 +151,14 @@ async def test_a_token_opens_and_uses_a_connection(server: DaphneServer | Cluste
 # -- hijack: a stolen connection id -----------------------------------------------------------
 
 
-async def assert_not_found_for(http: httpx.AsyncClient, url: str, connection_id: str, token: str) -> None:
-    """Every request on the connection by `token` is answered exactly like an unknown id: 404,
-    empty. Three times each: through the balancer, at least two land on other workers."""
-    stolen = {**bearer(token), "Acp-Connection-Id": connection_id}
-    unknown = {**bearer(token), "Acp-Connection-Id": connection_id.replace(connection_id[:8], "00000000", 1)}
+async def assert_not_found_for(
+    http: httpx.AsyncClient, url: str, connection_id: str, credentials: dict[str, str]
+) -> None:
+    """Every request on the connection with another principal's `credentials` is answered
+    exactly like an unknown id: 404, empty. Three times each: through the balancer, at least
+    two land on other workers than the host's."""
+    stolen = {**credentials, "Acp-Connection-Id": connection_id}
+    unknown = {**credentials, "Acp-Connection-Id": connection_id.replace(connection_id[:8], "00000000", 1)}
     for _ in range(3):
         for headers in (stolen, unknown):
             for response in (
@@ -166,7 +175,7 @@ async def test_a_stolen_http_connection_id_is_404_for_another_principal(
     server: DaphneServer | Cluster, http: httpx.AsyncClient
 ) -> None:
     connection_id = await initialize(http, server.url, tokens.ALICE)
-    await assert_not_found_for(http, server.url, connection_id, tokens.BOB)
+    await assert_not_found_for(http, server.url, connection_id, bearer(tokens.BOB))
     # Alice's connection is untouched by all that (bob's DELETEs ended nothing).
     owner = {**bearer(tokens.ALICE), "Acp-Connection-Id": connection_id}
     for _ in range(3):
@@ -180,7 +189,7 @@ async def test_a_stolen_websocket_connection_id_is_404_over_http(
     async with connect(server.ws_url, additional_headers=bearer(tokens.ALICE), proxy=None) as ws:
         assert ws.response is not None
         connection_id = ws.response.headers["Acp-Connection-Id"]
-        await assert_not_found_for(http, server.url, connection_id, tokens.BOB)
+        await assert_not_found_for(http, server.url, connection_id, bearer(tokens.BOB))
         await ws.send(json.dumps(rpc(3, "test/echo", {})))  # the socket still serves alice
         assert json.loads(await asyncio.wait_for(ws.recv(), 10))["id"] == 3
 
@@ -294,3 +303,122 @@ async def test_audit_lines_at_open_and_end(server: DaphneServer | Cluster, http:
     )
     for line in (opened, ended):
         assert not [token for token in ALL_TOKENS if token in line]
+
+
+# -- Django users by session cookie, and cross-site requests (CSRF) ----------------------------------
+
+SITE_ENV = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5"}
+CROSS_SITE = "cross-site request refused"
+
+
+@pytest.fixture(scope="module", params=SHAPES)
+def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionSite]:
+    database = tmp_path_factory.mktemp("auth-site") / "db.sqlite3"
+    env = {**SITE_ENV, "DJANGO_SETTINGS_MODULE": "tests.auth_site", "ACP_TEST_DATABASE": str(database)}
+    prepared = subprocess.run(
+        [sys.executable, "-m", "tests.auth_site"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    cookies: dict[str, str] = json.loads(prepared.stdout)
+    live: DaphneServer | Cluster
+    if request.param == "one-worker":
+        live = DaphneServer(env=env).start()
+    else:
+        live = Cluster(request.getfixturevalue("redis_server"), env=env).start()
+    yield SessionSite(live, cookies)
+    live.stop()
+    assert live.errors() == []
+    assert not [cookie for cookie in cookies.values() if cookie in "".join(live.log)]
+
+
+@dataclass
+class SessionSite:
+    server: DaphneServer | Cluster
+    cookies: dict[str, str]
+
+    def login(self, name: str) -> dict[str, str]:
+        return {"Cookie": f"sessionid={self.cookies[name]}"}
+
+    @property
+    def own_origin(self) -> str:
+        return f"http://127.0.0.1:{self.server.port}"
+
+
+async def session_initialize(http: httpx.AsyncClient, site: SessionSite, name: str, **headers: str) -> httpx.Response:
+    return await http.post(
+        site.server.url, headers={**JSON, **site.login(name), **headers}, json=rpc(0, "initialize", {})
+    )
+
+
+async def test_session_user_opens_a_connection_others_cannot_use(site: SessionSite, http: httpx.AsyncClient) -> None:
+    response = await session_initialize(http, site, "alice")
+    assert response.status_code == 200, response.text
+    connection_id = response.headers["acp-connection-id"]
+    await assert_not_found_for(http, site.server.url, connection_id, site.login("bob"))
+    owner = {**site.login("alice"), "Acp-Connection-Id": connection_id}
+    assert (
+        await http.post(site.server.url, headers={**JSON, **owner}, json=rpc(1, "test/echo", {}))
+    ).status_code == 202
+    assert (await http.delete(site.server.url, headers=owner)).status_code == 202
+
+
+async def test_session_refusals(site: SessionSite, http: httpx.AsyncClient) -> None:
+    anonymous = await http.post(site.server.url, headers=JSON, json=rpc(0, "initialize", {}))
+    assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"] == CHALLENGE
+    forged = await http.post(
+        site.server.url, headers={**JSON, "Cookie": "sessionid=forged0123456789"}, json=rpc(0, "initialize", {})
+    )
+    assert forged.status_code == 401
+    without_permission = await session_initialize(http, site, "carol")
+    assert (without_permission.status_code, without_permission.text) == (403, "not allowed to use this agent")
+    for headers in ({}, {"Cookie": "sessionid=forged0123456789"}, site.login("carol")):
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(site.server.ws_url, additional_headers=headers, proxy=None):
+                pass
+        assert refused.value.response.status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "body"),
+    [
+        ({"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}, 403, "origin not allowed"),
+        ({"Origin": "http://evil.example"}, 403, "origin not allowed"),
+        ({"Sec-Fetch-Site": "cross-site"}, 403, CROSS_SITE),
+        ({"Sec-Fetch-Site": "same-site"}, 403, CROSS_SITE),
+        ({"Origin": "null", "Sec-Fetch-Site": "cross-site"}, 403, "origin not allowed"),
+    ],
+    ids=["foreign-origin", "foreign-origin-only", "cross-site-no-origin", "same-site-no-origin", "null-origin"],
+)
+async def test_a_cookie_cannot_drive_an_agent_from_another_site(
+    site: SessionSite, http: httpx.AsyncClient, headers: dict[str, str], status: int, body: str
+) -> None:
+    """A page elsewhere makes the browser POST with alice's cookie: refused, no agent starts."""
+    response = await session_initialize(http, site, "alice", **headers)
+    assert (response.status_code, response.text) == (status, body)
+    assert "acp-connection-id" not in response.headers
+
+
+async def test_a_cookie_works_from_the_sites_own_pages(site: SessionSite, http: httpx.AsyncClient) -> None:
+    own = {"Origin": site.own_origin, "Sec-Fetch-Site": "same-origin"}
+    response = await session_initialize(http, site, "alice", **own)
+    assert response.status_code == 200, response.text
+    headers = {**site.login("alice"), **own, "Acp-Connection-Id": response.headers["acp-connection-id"]}
+    assert (await http.delete(site.server.url, headers=headers)).status_code == 202
+
+
+async def test_a_cookie_websocket_from_another_site_is_refused(site: SessionSite) -> None:
+    for extra in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"}):
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(site.server.ws_url, additional_headers={**site.login("alice"), **extra}, proxy=None):
+                pass
+        assert refused.value.response.status_code == 403
+    own = {**site.login("alice"), "Origin": site.own_origin, "Sec-Fetch-Site": "same-origin"}
+    async with connect(site.server.ws_url, additional_headers=own, subprotocols=["acp"], proxy=None) as ws:  # type: ignore[list-item]
+        assert ws.subprotocol == "acp"
+        await ws.send(json.dumps(rpc(5, "test/echo", {})))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 10))["id"] == 5
