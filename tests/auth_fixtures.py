@@ -18,6 +18,8 @@ CAROL = "carol-token-0123456789"
 DAVE = "dave-token-0123456789"
 #: A principal of its own for the quota test (nothing else holds its connections).
 EVE = "eve-token-0123456789"
+#: A user that is no longer active: not a principal.
+INACTIVE = "inactive-token-0123456789"
 
 
 @dataclass
@@ -42,6 +44,7 @@ def found(token: str) -> Principal | FakeUser | None:
         CAROL: FakeUser(3, "carol"),
         DAVE: FakeUser(4, "dave", {"acp.use"}),
         EVE: Principal("token", "eve", "eve"),
+        INACTIVE: FakeUser(5, "gone", {"acp.use"}, is_active=False),
     }.get(token)
 
 
