@@ -40,6 +40,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors += _check_number("BODY_TIMEOUT_SECONDS", float, "acp_channels.E020")
     errors += _check_budgets()
     errors += _check_cors()
+    errors += _check_authentication(raw.get("AGENT"))
     errors += [
         Warning(
             f"ACP_CHANNELS has an unknown key {key!r}.",
@@ -175,6 +176,130 @@ def _is_origin(value: str) -> bool:
         and port != default_port
         and not any(char.isspace() for char in value)
     )
+
+
+DJANGO_USER_AUTHENTICATOR = "acp_channels.auth.django_user"
+BEARER_TOKEN_AUTHENTICATOR = "acp_channels.auth.bearer_token"
+SETTINGS_TOKENS_LOOKUP = "acp_channels.auth.settings_tokens"
+AUTHENTICATION_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+AUTH_HINT = (
+    'Set ACP_CHANNELS["AUTHENTICATE"] (e.g. "acp_channels.auth.django_user" or '
+    '"acp_channels.auth.bearer_token"), or ACP_CHANNELS["ALLOW_ANONYMOUS"] = True to serve '
+    "everyone on purpose (docs/authentication.md)."
+)
+
+
+def _check_authentication(agent: Any) -> list[CheckMessage]:
+    """E021-E028, W004: the authentication settings, and serving without authentication."""
+    errors: list[CheckMessage] = []
+    authenticate = acp_settings.AUTHENTICATE
+    token_lookup = acp_settings.TOKEN_LOOKUP
+    errors += _check_dotted_callable("AUTHENTICATE", authenticate, "acp_channels.E021")
+    errors += _check_dotted_callable("TOKEN_LOOKUP", token_lookup, "acp_channels.E022")
+    permission = acp_settings.REQUIRED_PERMISSION
+    if permission is not None and not _is_permission(permission):
+        errors.append(
+            Error(
+                f"ACP_CHANNELS['REQUIRED_PERMISSION'] must be 'app_label.codename' or None, not {permission!r}.",
+                id="acp_channels.E023",
+            )
+        )
+    errors += _check_tokens(token_lookup)
+    errors += _check_number("MAX_CONNECTIONS_PER_PRINCIPAL", int, "acp_channels.E025", optional=True)
+    allow_anonymous = acp_settings.ALLOW_ANONYMOUS
+    if not isinstance(allow_anonymous, bool):
+        message = f"ACP_CHANNELS['ALLOW_ANONYMOUS'] must be True or False, not {allow_anonymous!r}."
+        errors.append(Error(message, id="acp_channels.E026"))
+    if authenticate is None and allow_anonymous is not True:
+        if isinstance(agent, Mapping):
+            errors.append(
+                Error(
+                    "A stdio agent is served without authentication: anyone who reaches /acp runs it.",
+                    hint=AUTH_HINT,
+                    id="acp_channels.E027",
+                )
+            )
+        elif not settings.DEBUG:
+            errors.append(
+                Warning(
+                    "/acp is served without authentication (DEBUG is False): anyone who reaches it gets an agent.",
+                    hint=AUTH_HINT,
+                    id="acp_channels.W004",
+                )
+            )
+    if authenticate == DJANGO_USER_AUTHENTICATOR:
+        errors += _check_session_auth()
+    if authenticate == BEARER_TOKEN_AUTHENTICATOR and token_lookup is None:
+        errors.append(
+            Error(
+                "The bearer_token authenticator needs ACP_CHANNELS['TOKEN_LOOKUP'].",
+                hint=f'Name a callable token -> user | Principal | None, or "{SETTINGS_TOKENS_LOOKUP}" with TOKENS.',
+                id="acp_channels.E022",
+            )
+        )
+    return errors
+
+
+def _check_dotted_callable(name: str, path: Any, check_id: str) -> list[CheckMessage]:
+    if path is None:
+        return []
+    if not isinstance(path, str) or not path:
+        return [Error(f"ACP_CHANNELS['{name}'] must be a dotted path to a callable, not {path!r}.", id=check_id)]
+    try:
+        found = import_string(path)
+    except Exception as error:  # ImportError, or the module itself failing to import
+        return [Error(f"ACP_CHANNELS['{name}'] = {path!r} cannot be imported: {error}", id=check_id)]
+    if not callable(found):
+        return [Error(f"ACP_CHANNELS['{name}'] = {path!r} is not callable.", id=check_id)]
+    return []
+
+
+def _is_permission(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    app_label, dot, codename = value.partition(".")
+    return bool(dot and app_label and codename) and not any(char.isspace() for char in value)
+
+
+def _check_tokens(token_lookup: Any) -> list[CheckMessage]:
+    """E024: {token: principal id}, both non-empty strings (never shown: tokens are secrets)."""
+    tokens = acp_settings.TOKENS
+    if not isinstance(tokens, Mapping) or not all(
+        isinstance(token, str) and token and isinstance(principal_id, str) and principal_id
+        for token, principal_id in tokens.items()
+    ):
+        return [
+            Error(
+                "ACP_CHANNELS['TOKENS'] must be a dict of non-empty token strings to non-empty principal ids.",
+                id="acp_channels.E024",
+            )
+        ]
+    if token_lookup == SETTINGS_TOKENS_LOOKUP and not tokens:
+        return [
+            Error(
+                "TOKEN_LOOKUP is the settings token lookup, but ACP_CHANNELS['TOKENS'] is empty: nobody can log in.",
+                id="acp_channels.E024",
+            )
+        ]
+    return []
+
+
+def _check_session_auth() -> list[CheckMessage]:
+    apps = set(settings.INSTALLED_APPS)
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
+    missing = [app for app in ("django.contrib.auth", "django.contrib.sessions") if app not in apps]
+    if AUTHENTICATION_MIDDLEWARE not in middleware:
+        missing.append(AUTHENTICATION_MIDDLEWARE)
+    if not missing:
+        return []
+    return [
+        Error(
+            f"The django_user authenticator needs Django sessions and users: {', '.join(missing)} missing.",
+            hint='Add "django.contrib.auth" and "django.contrib.sessions" to INSTALLED_APPS, and '
+            "SessionMiddleware then AuthenticationMiddleware to MIDDLEWARE.",
+            id="acp_channels.E028",
+        )
+    ]
 
 
 def _check_middleware() -> list[CheckMessage]:

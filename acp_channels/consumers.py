@@ -13,12 +13,13 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from acp_channels import cors, daphne_compat, protocol
 from acp_channels.agents import AgentClosed, create_agent_channel
+from acp_channels.auth import SUBPROTOCOL, Refused, RequestContext, authenticate
 from acp_channels.conf import acp_settings
-from acp_channels.host import ConnectionHost, ServerFull, registry
+from acp_channels.host import ConnectionHost, QuotaExceeded, ServerFull, registry
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import InboundPlan
 
-TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at its connection limit
+TRY_AGAIN_LATER = 1013  # WebSocket close code: the server, or the principal, is at its connection limit
 INTERNAL_ERROR = 1011  # WebSocket close code: the agent could not be started, or sending failed
 MESSAGE_TOO_BIG = 1009  # WebSocket close code: an agent message exceeds the socket's message limit
 
@@ -37,22 +38,38 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if lifecycle.draining or cors.refusal(cors.websocket_request(self.scope)) is not None:
             await self.close()  # before accept: the server answers 403
             return
+        context = RequestContext.for_websocket(self.scope)
+        try:
+            # Once, at the upgrade: every frame on the socket is this principal's.
+            principal = await authenticate(context)
+        except Refused as refused:
+            # Before accept: daphne answers 403 (it cannot send a 401 or a challenge there).
+            logger.info("refused a WebSocket upgrade from %s: %s", context.remote_address or "-", refused)
+            await self.close()
+            return
+        # The subprotocol is "acp" when offered, never the token-carrying one.
+        subprotocol = SUBPROTOCOL if SUBPROTOCOL in context.subprotocols else None
         try:
             self.host = registry.create(
-                create_agent_channel, "websocket", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES
+                create_agent_channel,
+                "websocket",
+                max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES,
+                principal=principal,
+                remote_address=context.remote_address,
             )
-        except ServerFull:  # at MAX_CONNECTIONS or the worker's output budget
-            await self.accept()
+        except (ServerFull, QuotaExceeded):  # MAX_CONNECTIONS, the output budget, the principal's quota
+            await self.accept(subprotocol)
             await self.close(code=TRY_AGAIN_LATER)
             return
         except Exception:
             logger.exception("the agent could not be started")
-            await self.accept()
+            await self.accept(subprotocol)
             await self.close(code=INTERNAL_ERROR)
             return
         self.host.start()
         # The id on the 101 (under daphne through acp_channels.daphne_compat).
-        await self.accept(headers=[(protocol.CONNECTION_HEADER.encode(), self.host.connection_id.encode())])
+        connection_header = (protocol.CONNECTION_HEADER.encode(), self.host.connection_id.encode())
+        await self.accept(subprotocol, headers=[connection_header])
         self.writer = asyncio.create_task(self.write_outbound(self.host))
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -95,13 +112,13 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         """Tell the client why (the close frame first, so it learns at once), then end the agent."""
         with contextlib.suppress(OSError):  # the client may have left meanwhile (uvicorn)
             await self.close(code=code, reason=reason)
-        await host.terminate()
+        await host.terminate("send failed")
 
     async def disconnect(self, code: Any) -> None:
         if self.writer is not None:
             self.writer.cancel()
         if self.host is not None:
-            await self.host.terminate()
+            await self.host.terminate("socket closed")
 
 
 #: autobahn's wording: "... exceeding payload limit of 16781312 octets".

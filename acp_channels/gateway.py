@@ -1,9 +1,14 @@
 """The one interface the edges use to reach a connection, wherever its host lives.
 
-`locate(connection_id)` gives a handle with `submit`, `lease` and `terminate`. A host in this
-process is called directly (no serialization, no layer); a host on another worker is reached
-through the channel layer (`worker.bus`), and this module also serves those calls for the hosts
-this process owns.
+`locate(connection_id, principal)` gives a handle with `submit`, `lease` and `terminate`. A host
+in this process is called directly (no serialization, no layer); a host on another worker is
+reached through the channel layer (`worker.bus`), and this module also serves those calls for
+the hosts this process owns.
+
+A connection belongs to the principal that created it. This module is the one place that rule
+is applied: a request by another principal finds nothing, exactly like an unknown id (404),
+here for a host in this process, and on the host's worker for a remote one (each op carries the
+caller's principal as `Principal.to_wire()`; a mismatch is answered "unknown").
 
 Op results (a dict; `error` names a refusal the caller turns into the same answer as for a host
 in its own process): submit -> ok | error unknown, session (text), pending (limit), closed;
@@ -28,6 +33,7 @@ from acp_channels.host import (
     TooManyStreams,
     registry,
 )
+from acp_channels.identity import Principal
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import InboundPlan, SessionHeaderError, StreamKey
 from acp_channels.worker import (
@@ -65,15 +71,24 @@ class HostHandle(Protocol):
     async def terminate(self) -> None: ...
 
 
-def locate(connection_id: str) -> HostHandle | None:
-    """A handle for the connection's host, or None when it cannot exist (404)."""
-    host = registry.get(connection_id)
+def locate(connection_id: str, principal: Principal) -> HostHandle | None:
+    """A handle for the connection's host, or None when it cannot exist for `principal` (404):
+    an unknown id, or a connection another principal owns. A remote handle's ops answer
+    "unknown" (HostUnreachable, 404) for either on the host's worker."""
+    host = owned_host(connection_id, principal)
     if host is not None:
         return LocalHandle(host)
     worker_id = worker_of(connection_id)
     if worker_id is None or worker_id == WORKER_ID or not bus.shared:
         return None
-    return RemoteHandle(worker_id, connection_id)
+    return RemoteHandle(worker_id, connection_id, principal)
+
+
+def owned_host(connection_id: str, principal: Principal) -> ConnectionHost | None:
+    """The host of a connection in this process if `principal` owns it; None otherwise, the
+    same answer as for an id that does not exist (a stolen id tells nothing)."""
+    host = registry.get(connection_id)
+    return host if host is not None and host.principal == principal else None
 
 
 class LocalHandle:
@@ -97,7 +112,7 @@ class LocalHandle:
         return self.host.lease(key)
 
     async def terminate(self) -> None:
-        await self.host.terminate()
+        await self.host.terminate("delete")
 
 
 # -- a host on another worker ------------------------------------------------------------------
@@ -108,14 +123,14 @@ _active_readers: set[str] = set()
 
 
 class RemoteHandle:
-    def __init__(self, worker_id: str, connection_id: str) -> None:
+    def __init__(self, worker_id: str, connection_id: str, principal: Principal) -> None:
         self.worker_id = worker_id
         self.connection_id = connection_id
+        self.principal = principal
 
     async def _call(self, op: str, timeout: float, receipt: bool = False, **args: Any) -> dict[str, Any]:
-        result = await bus.call(
-            self.worker_id, op, {"connection": self.connection_id, **args}, timeout=timeout, receipt=receipt
-        )
+        target = {"connection": self.connection_id, "principal": self.principal.to_wire()}
+        result = await bus.call(self.worker_id, op, {**target, **args}, timeout=timeout, receipt=receipt)
         if result.get("error") == "unknown":
             raise HostUnreachable(self.connection_id)
         return result
@@ -295,8 +310,17 @@ async def _reader_alive(lease: LeaseOnHost) -> bool:
     return bool(result.get("alive"))
 
 
+def _target(message: dict[str, Any]) -> ConnectionHost | None:
+    """The host an op names, if the caller's principal owns it (else it is "unknown")."""
+    try:
+        principal = Principal.from_wire(message["principal"])
+    except (KeyError, TypeError, ValueError):
+        return None  # a caller that names no principal owns nothing
+    return owned_host(message["connection"], principal)
+
+
 async def serve_submit(message: dict[str, Any]) -> dict[str, Any]:
-    host = registry.get(message["connection"])
+    host = _target(message)
     if host is None:
         return {"error": "unknown"}
     routes = [(key, stream) for key, stream in message["routes"]]
@@ -315,7 +339,7 @@ async def serve_submit(message: dict[str, Any]) -> dict[str, Any]:
 
 
 async def serve_reply(message: dict[str, Any]) -> dict[str, Any]:
-    host = registry.get(message["connection"])
+    host = _target(message)
     if host is None:
         return {"error": "unknown"}
     try:
@@ -326,7 +350,7 @@ async def serve_reply(message: dict[str, Any]) -> dict[str, Any]:
 
 
 async def serve_lease(message: dict[str, Any]) -> dict[str, Any]:
-    host = registry.get(message["connection"])
+    host = _target(message)
     if host is None:
         return {"error": "unknown"}
     try:
@@ -356,10 +380,10 @@ async def serve_release(message: dict[str, Any]) -> None:
 
 
 async def serve_terminate(message: dict[str, Any]) -> dict[str, Any]:
-    host = registry.get(message["connection"])
+    host = _target(message)
     if host is None:
         return {"error": "unknown"}
-    await host.terminate()
+    await host.terminate("delete")
     return {"ok": True}
 
 

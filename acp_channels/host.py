@@ -28,6 +28,9 @@ from acp_channels.protocol import Batch, Frame, InboundPlan, Single, StreamKey
 from acp_channels.worker import bus, new_connection_id
 
 logger = logging.getLogger(__name__)
+#: One line when a connection opens and one when it ends (who, which, over what, from where,
+#: how long, why). Principals only: credentials never reach this far.
+audit_logger = logging.getLogger("acp_channels.audit")
 
 
 #: One take hands a reader at most about this much output (or one larger item), so what the
@@ -59,6 +62,17 @@ class ServerFull(Exception):
     def __init__(self, reason: Literal["connections", "budget"]) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class QuotaExceeded(Exception):
+    """The principal already holds MAX_CONNECTIONS_PER_PRINCIPAL connections on this worker (429)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+EndReason = Literal["delete", "idle", "socket closed", "agent ended", "shutdown", "initialize failed", "send failed"]
 
 
 class TooManyStreams(Exception):
@@ -308,10 +322,14 @@ class ConnectionHost:
         on_end: Callable[[ConnectionHost], None],
         worker_budget: WorkerBudget | None = None,
         principal: Principal = ANONYMOUS,
+        remote_address: str | None = None,
     ) -> None:
         self.connection_id = connection_id
         #: Who created the connection: every later request on it must be the same principal.
         self.principal = principal
+        self.remote_address = remote_address
+        #: Why the connection ended (for the audit line), once it has.
+        self.end_reason: EndReason | None = None
         self.transport = transport
         self.agent = agent
         self._budget = OutboundBudget(max_buffered_bytes, worker_budget)
@@ -328,7 +346,7 @@ class ConnectionHost:
         self._router: asyncio.Task[None] | None = None
         self._on_end = on_end
         self.ended = asyncio.Event()
-        self.last_active = asyncio.get_running_loop().time()
+        self.last_active = self.opened_at = asyncio.get_running_loop().time()
 
     @property
     def pending_requests(self) -> int:
@@ -502,7 +520,7 @@ class ConnectionHost:
             return  # terminate() owns the cleanup
         except Exception:
             logger.exception("router of connection %s failed", self.connection_id)
-        self._end()
+        self._end("agent ended")
 
     def _route(self, frame: Frame) -> None:
         if self.transport == "websocket":
@@ -556,12 +574,13 @@ class ConnectionHost:
             self.last_active = now  # the socket or a reader is there: not idle
         return now - self.last_active
 
-    def _end(self) -> None:
+    def _end(self, reason: EndReason) -> None:
         """Close every stream (readers drain what is queued, then end; streams nobody reads
         are dropped) and unregister. No reply will come: nothing is pending any more."""
         if self.ended.is_set():
             return
         self.ended.set()
+        self.end_reason = reason
         self._routes.clear()
         self._route_pins.clear()
         self._socket_requests.clear()
@@ -571,9 +590,9 @@ class ConnectionHost:
         self._socket_outbox.close()
         self._on_end(self)
 
-    async def terminate(self) -> None:
+    async def terminate(self, reason: EndReason = "delete") -> None:
         """End the connection now (DELETE, socket closed, failed initialize): abortive (§10)."""
-        self._end()
+        self._end(reason)
         self._socket_outbox.writer_never_started()  # if it never took, it never will
         if self._router is not None:
             self._router.cancel()
@@ -594,6 +613,8 @@ class Registry:
 
     def __init__(self) -> None:
         self._hosts: dict[str, ConnectionHost] = {}
+        #: Connections per principal (ANONYMOUS not counted: MAX_CONNECTIONS bounds it).
+        self._per_principal: dict[Principal, int] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.budget = WorkerBudget(lambda: int(_setting("MAX_WORKER_BUFFERED_BYTES")))
 
@@ -618,8 +639,16 @@ class Registry:
         """A new connection owned by `principal`, with a new agent (the factory gets the
         connection's AgentContext: whom it serves, the connection id, transport, address).
 
+        QuotaExceeded when the principal holds MAX_CONNECTIONS_PER_PRINCIPAL here already;
         ServerFull when this worker hosts MAX_CONNECTIONS, or holds its whole output budget.
         """
+        per_principal: int | None = _setting("MAX_CONNECTIONS_PER_PRINCIPAL")
+        if (
+            principal != ANONYMOUS
+            and per_principal is not None
+            and self._per_principal.get(principal, 0) >= per_principal
+        ):
+            raise QuotaExceeded(per_principal)
         max_connections: int | None = _setting("MAX_CONNECTIONS")
         if max_connections is not None and len(self._hosts) >= max_connections:
             raise ServerFull("connections")
@@ -636,10 +665,24 @@ class Registry:
             on_end=self._forget,
             worker_budget=self.budget,
             principal=principal,
+            remote_address=remote_address,
         )
         self._hosts[connection_id] = host
+        if principal != ANONYMOUS:
+            self._per_principal[principal] = self._per_principal.get(principal, 0) + 1
+        audit_logger.info(
+            "connection opened principal=%s connection=%s transport=%s remote=%s",
+            principal,
+            connection_id,
+            transport,
+            remote_address or "-",
+        )
         self._ensure_reaper()
         return host
+
+    def connections_of(self, principal: Principal) -> int:
+        """Connections `principal` holds on this worker (0 for ANONYMOUS: not counted)."""
+        return self._per_principal.get(principal, 0)
 
     def _ensure_reaper(self) -> None:
         timeout: float | None = _setting("IDLE_TIMEOUT_SECONDS")
@@ -663,17 +706,33 @@ class Registry:
                 if host.idle_since(now) > timeout:
                     logger.info("connection %s idle for %.0f s: ending it", host.connection_id, timeout)
                     try:
-                        await host.terminate()
+                        await host.terminate("idle")
                     except Exception:  # one failing agent must not stop the sweeps for the others
                         logger.exception("ending idle connection %s failed", host.connection_id)
 
     def _forget(self, host: ConnectionHost) -> None:
-        if self._hosts.get(host.connection_id) is host:
-            del self._hosts[host.connection_id]
+        if self._hosts.get(host.connection_id) is not host:
+            return
+        del self._hosts[host.connection_id]
+        if host.principal in self._per_principal:
+            left = self._per_principal[host.principal] - 1
+            if left:
+                self._per_principal[host.principal] = left
+            else:
+                del self._per_principal[host.principal]
+        audit_logger.info(
+            "connection ended principal=%s connection=%s transport=%s remote=%s duration=%.3fs reason=%s",
+            host.principal,
+            host.connection_id,
+            host.transport,
+            host.remote_address or "-",
+            asyncio.get_running_loop().time() - host.opened_at,
+            host.end_reason,
+        )
 
     async def terminate_all(self) -> None:
         for host in list(self._hosts.values()):
-            await host.terminate()
+            await host.terminate("shutdown")
 
 
 def sweep_interval(idle_timeout: float) -> float:

@@ -28,12 +28,24 @@ def build_asgi_application(*, websocket_prefix: str = "", http_application: Any 
     matches the prefix under which `acp_channels.urls` is included (e.g. "agents/"). The HTTP
     application is wrapped in `limits.BodyLimit`: the ACP endpoint refuses an over-limit body
     (413) before Django spools it, whatever the server.
+
+    A site with Django sessions and logged-in users (`auth.session_auth_configured()`) gets
+    channels' AuthMiddlewareStack on WebSocket upgrades, so `scope["user"]` is the session's
+    user (the Django-user authenticator needs it). A site without (token auth, no database,
+    like the demo) does not: no session lookup per upgrade.
     """
     from channels.routing import ProtocolTypeRouter, URLRouter
     from django.core.asgi import get_asgi_application
     from django.urls import include
 
+    from acp_channels.auth import session_auth_configured
+
     http: Any = http_application if http_application is not None else get_asgi_application()
     routes = [path(websocket_prefix, include(websocket_urlpatterns))] if websocket_prefix else [*websocket_urlpatterns]
     routes.append(re_path(r"", refuse_websocket))  # type: ignore[arg-type]  # an ASGI app, as channels routes take
-    return ProtocolTypeRouter({"http": BodyLimit(http), "websocket": URLRouter(routes)})
+    websocket: Any = URLRouter(routes)
+    if session_auth_configured():
+        from channels.auth import AuthMiddlewareStack
+
+        websocket = AuthMiddlewareStack(websocket)
+    return ProtocolTypeRouter({"http": BodyLimit(http), "websocket": websocket})

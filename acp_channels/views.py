@@ -16,9 +16,19 @@ from django.views.decorators.csrf import csrf_exempt
 
 from acp_channels import cors, protocol
 from acp_channels.agents import AgentClosed, create_agent_channel
+from acp_channels.auth import Refused, RequestContext, authenticate
 from acp_channels.conf import acp_settings
 from acp_channels.gateway import StreamReader, locate
-from acp_channels.host import AgentEnded, ServerFull, StreamBusy, TooManyRequests, TooManyStreams, registry
+from acp_channels.host import (
+    AgentEnded,
+    QuotaExceeded,
+    ServerFull,
+    StreamBusy,
+    TooManyRequests,
+    TooManyStreams,
+    registry,
+)
+from acp_channels.identity import Principal
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import CONNECTION_HEADER, SESSION_HEADER, Frame, SessionHeaderError
 from acp_channels.worker import AgentBusy, HostUnreachable, LayerUnavailable
@@ -33,6 +43,7 @@ CONNECTION_REQUIRED = "Acp-Connection-Id header required"
 MUST_ACCEPT_SSE = "client must accept text/event-stream"
 STREAM_TAKEN = "outbound stream already has a subscriber"
 TOO_MANY_CONNECTIONS = "too many ACP connections on this server"
+TOO_MANY_CONNECTIONS_FOR_PRINCIPAL = "too many ACP connections for you on this server (at most {limit}); close one"
 WORKER_BUDGET_FULL = "this server is holding too much undelivered output; try again"
 TOO_MANY_SESSION_STREAMS = "too many session streams on this connection (at most {limit}); close one and try again"
 TOO_MANY_PENDING_REQUESTS = "too many requests in flight on this connection (at most {limit}); wait for replies"
@@ -58,15 +69,29 @@ async def acp_endpoint(request: HttpRequest) -> HttpResponseBase:
 
 
 async def dispatch(request: HttpRequest) -> HttpResponseBase:
+    if request.method not in ALLOWED_METHODS:
+        if request.method == "OPTIONS" and cors.cors_enabled():
+            return cors.preflight_response()
+        return method_not_allowed()
+    # Every request that reaches a connection authenticates first; a connection is found only
+    # by the principal that owns it (gateway.locate).
+    try:
+        principal = await authenticate(RequestContext.for_http(request))
+    except Refused as refused:
+        return refusal_response(refused)
     if request.method == "POST":
-        return await post(request)
-    if request.method in ("GET", "HEAD"):
-        return await open_stream(request)
+        return await post(request, principal)
     if request.method == "DELETE":
-        return await delete(request)
-    if request.method == "OPTIONS" and cors.cors_enabled():
-        return cors.preflight_response()
-    return method_not_allowed()
+        return await delete(request, principal)
+    return await open_stream(request, principal)
+
+
+def refusal_response(refused: Refused) -> HttpResponse:
+    """401 with its challenge, or 403; the body is the refusal's reason (never a credential)."""
+    response = text_response(refused.status, refused.reason)
+    if refused.status == 401 and refused.challenge is not None:
+        response["WWW-Authenticate"] = refused.challenge
+    return response
 
 
 def method_not_allowed() -> HttpResponse:
@@ -120,7 +145,7 @@ def header(request: HttpRequest, name: str) -> str | None:
 # -- POST ------------------------------------------------------------------------------------
 
 
-async def post(request: HttpRequest) -> HttpResponseBase:
+async def post(request: HttpRequest, principal: Principal) -> HttpResponseBase:
     if not protocol.is_json_content_type(header(request, "content-type")):
         return text_response(415, CONTENT_TYPE_REQUIRED)
     limit: int = acp_settings.MAX_BODY_BYTES
@@ -139,15 +164,15 @@ async def post(request: HttpRequest) -> HttpResponseBase:
     try:
         frame = await protocol.read_frame(text, lambda: acp_settings.MAX_BATCH_ENTRIES)
     except protocol.BatchTooLarge as too_large:
-        return await refuse_batch(request, too_large)
+        return await refuse_batch(request, too_large, principal)
     init_index = protocol.initialize_entry(frame)
     if init_index is not None:
-        return await initialize(request, frame, init_index)
+        return await initialize(request, frame, init_index, principal)
 
     connection_id = header(request, CONNECTION_HEADER)
     if connection_id is None:
         return text_response(400, CONNECTION_REQUIRED)
-    handle = locate(connection_id)
+    handle = locate(connection_id, principal)
     if handle is None:
         return text_response(404)
     try:
@@ -164,14 +189,16 @@ async def post(request: HttpRequest) -> HttpResponseBase:
     return text_response(202)
 
 
-async def refuse_batch(request: HttpRequest, too_large: protocol.BatchTooLarge) -> HttpResponseBase:
+async def refuse_batch(
+    request: HttpRequest, too_large: protocol.BatchTooLarge, principal: Principal
+) -> HttpResponseBase:
     """A batch over MAX_BATCH_ENTRIES is answered by the transport, like a malformed POST: on
     the connection stream (202), or as the body of a would-be initialize (200, no connection)."""
     reply = protocol.dumps(too_large.reply)
     connection_id = header(request, CONNECTION_HEADER)
     if connection_id is None:
         return json_response(reply)
-    handle = locate(connection_id)
+    handle = locate(connection_id, principal)
     if handle is None:
         return text_response(404)
     try:
@@ -183,7 +210,7 @@ async def refuse_batch(request: HttpRequest, too_large: protocol.BatchTooLarge) 
     return text_response(202)
 
 
-async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> HttpResponseBase:
+async def initialize(request: HttpRequest, frame: Frame, init_index: int, principal: Principal) -> HttpResponseBase:
     """Create a connection from an initial initialize frame and answer with its reply (§5)."""
     if isinstance(frame, protocol.Batch):
         try:
@@ -196,7 +223,15 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> Htt
     if lifecycle.draining:
         return text_response(503, SHUTTING_DOWN)
     try:
-        host = registry.create(create_agent_channel, "http", max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES)
+        host = registry.create(
+            create_agent_channel,
+            "http",
+            max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES,
+            principal=principal,
+            remote_address=RequestContext.for_http(request).remote_address,
+        )
+    except QuotaExceeded as error:
+        return retry_later(429, TOO_MANY_CONNECTIONS_FOR_PRINCIPAL.format(limit=error.limit), RETRY_AFTER_CONNECTIONS)
     except ServerFull as error:
         if error.reason == "connections":
             return retry_later(503, TOO_MANY_CONNECTIONS, RETRY_AFTER_CONNECTIONS)
@@ -209,20 +244,20 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int) -> Htt
         async with asyncio.timeout(timeout):
             reply = await host.initialize(frame, init_id)
     except AgentClosed:
-        await host.terminate()
+        await host.terminate("initialize failed")
         return text_response(500)
     except AgentEnded as error:
-        await host.terminate()
+        await host.terminate("initialize failed")
         return text_response(500, str(error))
     except TimeoutError:
-        await host.terminate()
+        await host.terminate("initialize failed")
         return text_response(504, f"agent did not answer initialize within {timeout:g} s")
     except BaseException:
         # The client went away (the view is cancelled) or the agent failed: nothing may remain.
-        await asyncio.shield(host.terminate())
+        await asyncio.shield(host.terminate("initialize failed"))
         raise
     if not reply.accepted:
-        await host.terminate()
+        await host.terminate("initialize failed")
         return json_response(reply.body)
     return json_response(reply.body, host.connection_id)
 
@@ -237,14 +272,14 @@ def _message_index(frame: Frame, entry_index: int) -> int:
 # -- GET (SSE) -------------------------------------------------------------------------------
 
 
-async def open_stream(request: HttpRequest) -> HttpResponseBase:
+async def open_stream(request: HttpRequest, principal: Principal) -> HttpResponseBase:
     accept = header(request, "accept")
     if accept is None or "text/event-stream" not in accept:
         return text_response(406, MUST_ACCEPT_SSE)
     connection_id = header(request, CONNECTION_HEADER)
     if connection_id is None:
         return text_response(400, CONNECTION_REQUIRED)
-    handle = locate(connection_id)
+    handle = locate(connection_id, principal)
     if handle is None:
         return text_response(404)
     session_id = header(request, SESSION_HEADER)
@@ -313,11 +348,11 @@ async def sse_body(lease: StreamReader, keepalive: float) -> AsyncGenerator[byte
 # -- DELETE ----------------------------------------------------------------------------------
 
 
-async def delete(request: HttpRequest) -> HttpResponseBase:
+async def delete(request: HttpRequest, principal: Principal) -> HttpResponseBase:
     connection_id = header(request, CONNECTION_HEADER)
     if connection_id is None:
         return text_response(400, CONNECTION_REQUIRED)
-    handle = locate(connection_id)
+    handle = locate(connection_id, principal)
     if handle is None:
         return text_response(404)
     try:

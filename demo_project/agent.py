@@ -90,11 +90,7 @@ _STREAM_YIELD_EVERY = 256
 
 T = TypeVar("T")
 ContentBlock = (
-    TextContentBlock
-    | ImageContentBlock
-    | AudioContentBlock
-    | ResourceContentBlock
-    | EmbeddedResourceContentBlock
+    TextContentBlock | ImageContentBlock | AudioContentBlock | ResourceContentBlock | EmbeddedResourceContentBlock
 )
 
 
@@ -167,9 +163,7 @@ class DemoAgent:
                 ),
             ),
             auth_methods=[],
-            agent_info=Implementation(
-                name=AGENT_NAME, title="ACP Channels demo agent", version=AGENT_VERSION
-            ),
+            agent_info=Implementation(name=AGENT_NAME, title="ACP Channels demo agent", version=AGENT_VERSION),
         )
 
     async def authenticate(self, method_id: str, **kwargs: Any) -> AuthenticateResponse:
@@ -364,9 +358,7 @@ class DemoAgent:
         await self.conn.session_update(session_id, update_tool_call(call_id, status="in_progress"))
         await self.conn.session_update(
             session_id,
-            update_tool_call(
-                call_id, status="completed", content=[tool_content(text_block("demo tool output"))]
-            ),
+            update_tool_call(call_id, status="completed", content=[tool_content(text_block("demo tool output"))]),
         )
         await self._say(turn, "tool call completed")
 

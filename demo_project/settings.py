@@ -82,7 +82,9 @@ def _agent() -> str | dict[str, Any]:
 
 def _acp_settings_from_environment() -> dict[str, Any]:
     """ACP_<KEY>=value overrides one ACP_CHANNELS key (ACP_MAX_CONNECTIONS=none: no cap); a key
-    not in the environment keeps acp_channels' production default."""
+    not in the environment keeps acp_channels' production default. Booleans are 1/true/yes/on
+    (anything else is false), dicts are JSON, and keys without a number default (dotted paths,
+    the permission) are taken as text."""
     from acp_channels.conf import DEFAULTS
 
     values: dict[str, Any] = {}
@@ -92,16 +94,36 @@ def _acp_settings_from_environment() -> dict[str, Any]:
             continue
         if raw.lower() == "none":
             values[key] = None
-        elif isinstance(default, int) and not isinstance(default, bool):
+        elif isinstance(default, bool):
+            values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
+        elif isinstance(default, dict):
+            values[key] = json.loads(raw)
+        elif isinstance(default, int):
             values[key] = int(raw)
-        else:
+        elif isinstance(default, float):
             values[key] = float(raw)
+        else:
+            values[key] = raw
     return values
+
+
+def _authentication() -> dict[str, Any]:
+    """The demo serves anyone on loopback, on purpose (ALLOW_ANONYMOUS). `ACP_TOKEN=<secret>`
+    turns on one shared bearer token instead: clients send `Authorization: Bearer <secret>`."""
+    token = os.environ.get("ACP_TOKEN", "")
+    if not token:
+        return {"ALLOW_ANONYMOUS": True}
+    return {
+        "AUTHENTICATE": "acp_channels.auth.bearer_token",
+        "TOKEN_LOOKUP": "acp_channels.auth.settings_tokens",
+        "TOKENS": {token: "team"},
+    }
 
 
 ACP_CHANNELS = {
     "AGENT": _agent(),
     "CORS_ALLOWED_ORIGINS": _origins(os.environ.get("ACP_CORS_ALLOWED_ORIGINS", "")),
+    **_authentication(),
     **_acp_settings_from_environment(),
 }
 

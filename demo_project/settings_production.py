@@ -3,6 +3,7 @@ explains, kept clean under `manage.py check --deploy` by tests/test_deploy_setti
 
     DJANGO_SETTINGS_MODULE=demo_project.settings_production
     DJANGO_SECRET_KEY=<50+ random characters>  ACP_ALLOWED_HOSTS=acp.example.com
+    ACP_TOKEN=<a shared bearer token>  (or ACP_AUTHENTICATE=<dotted path>, or ACP_ALLOW_ANONYMOUS=1)
 
 Everything else is the demo's (demo_project/settings.py): the agent, the channel layer, CORS,
 logging and the ACP_CHANNELS caps (ACP_<KEY> environment overrides still apply).
@@ -27,6 +28,18 @@ def _required(name: str) -> str:
     return value
 
 
+def _require_authentication() -> None:
+    """Production never serves anonymously by accident: a token (ACP_TOKEN), an authenticator
+    (ACP_AUTHENTICATE), or anonymous access asked for in so many words (ACP_ALLOW_ANONYMOUS=1)."""
+    anonymous = os.environ.get("ACP_ALLOW_ANONYMOUS", "").strip().lower() in ("1", "true", "yes", "on")
+    if not (os.environ.get("ACP_TOKEN") or os.environ.get("ACP_AUTHENTICATE") or anonymous):
+        raise ImproperlyConfigured(
+            "ACP_TOKEN or ACP_AUTHENTICATE must be set in the environment, or ACP_ALLOW_ANONYMOUS=1 to serve "
+            "everyone (see docs/deployment.md)"
+        )
+
+
+_require_authentication()
 DEBUG = False
 SECRET_KEY = _required("DJANGO_SECRET_KEY")
 ALLOWED_HOSTS = [host.strip() for host in _required("ACP_ALLOWED_HOSTS").split(",") if host.strip()]

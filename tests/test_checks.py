@@ -1,4 +1,4 @@
-"""System checks for ACP_CHANNELS (acp_channels.E001...E020, W001...W003)."""
+"""System checks for ACP_CHANNELS (acp_channels.E001...E028, W001...W004)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def test_acp_channels_not_a_dict(settings: Any) -> None:
 def test_agent_missing_when_acp_channels_is_absent(settings: Any) -> None:
     del settings.ACP_CHANNELS
     messages = check_settings()
-    assert [m.id for m in messages] == ["acp_channels.E001"]
+    # ...and nothing says who may use the endpoint (DEBUG is False here).
+    assert [m.id for m in messages] == ["acp_channels.E001", "acp_channels.W004"]
     assert isinstance(messages[0], Error)
     assert messages[0].msg == "ACP_CHANNELS['AGENT'] is not set."
 
@@ -384,3 +385,156 @@ def test_check_command_reports_warnings_without_failing(settings: Any) -> None:
     out, err = StringIO(), StringIO()
     call_command("check", stdout=out, stderr=err)
     assert "acp_channels.W002" in out.getvalue() + err.getvalue()
+
+
+# --------------------------------------------------------------------------------------------
+# E021-E028, W004: authentication
+
+STDIO_AGENT = {"command": ["python", "-c", "pass"]}
+DJANGO_USER = "acp_channels.auth.django_user"
+BEARER = "acp_channels.auth.bearer_token"
+SETTINGS_TOKENS = "acp_channels.auth.settings_tokens"
+SESSION_APPS = ["django.contrib.auth", "django.contrib.sessions"]
+SESSION_MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+]
+
+
+def unauthenticated(settings: Any, **values: Any) -> None:
+    """The demo's settings without its explicit ALLOW_ANONYMOUS."""
+    drop(settings, "ALLOW_ANONYMOUS")
+    acp(settings, **values)
+
+
+def with_sessions(settings: Any) -> None:
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "django.contrib.sessions"]
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, *SESSION_MIDDLEWARE]
+
+
+@pytest.mark.parametrize("key", ["AUTHENTICATE", "TOKEN_LOOKUP"])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("no_such_module.auth", "cannot be imported"),
+        ("tests.test_checks.NOT_CALLABLE", "is not callable"),
+        (17, "must be a dotted path to a callable"),
+        ("", "must be a dotted path to a callable"),
+    ],
+    ids=["unimportable", "not-callable", "number", "empty"],
+)
+def test_authentication_callables_must_be_importable(settings: Any, key: str, value: Any, message: str) -> None:
+    acp(settings, **{key: value})
+    check_id = {"AUTHENTICATE": "acp_channels.E021", "TOKEN_LOOKUP": "acp_channels.E022"}[key]
+    messages = check_settings()
+    assert [m.id for m in messages] == [check_id]
+    assert message in messages[0].msg
+
+
+def test_bearer_token_with_a_lookup_is_clean(settings: Any) -> None:
+    acp(settings, AUTHENTICATE=BEARER, TOKEN_LOOKUP="tests.auth_fixtures.lookup")
+    assert check_settings() == []
+
+
+def test_bearer_token_needs_a_lookup(settings: Any) -> None:
+    acp(settings, AUTHENTICATE=BEARER)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E022"]
+    assert messages[0].msg == "The bearer_token authenticator needs ACP_CHANNELS['TOKEN_LOOKUP']."
+
+
+@pytest.mark.parametrize("value", ["use_agent", "acp.", ".use", "acp.use agent", 5, ["acp.use"]], ids=repr)
+def test_required_permission_form(settings: Any, value: Any) -> None:
+    acp(settings, REQUIRED_PERMISSION=value)
+    assert check_ids() == ["acp_channels.E023"]
+
+
+def test_required_permission_accepts_app_label_codename(settings: Any) -> None:
+    acp(settings, REQUIRED_PERMISSION="acp.use_agent")
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    "tokens", [["secret"], {"": "team"}, {"secret": ""}, {"secret": 5}, {5: "team"}, "secret=team"], ids=repr
+)
+def test_tokens_must_be_a_dict_of_strings(settings: Any, tokens: Any) -> None:
+    acp(settings, TOKENS=tokens)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E024"]
+    assert "secret" not in messages[0].msg  # a check never prints a token
+
+
+def test_settings_tokens_lookup_needs_tokens(settings: Any) -> None:
+    acp(settings, AUTHENTICATE=BEARER, TOKEN_LOOKUP=SETTINGS_TOKENS)
+    assert check_ids() == ["acp_channels.E024"]
+    acp(settings, TOKENS={"a-long-secret": "team"})
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "32", True], ids=repr)
+def test_max_connections_per_principal(settings: Any, bad: Any) -> None:
+    acp(settings, MAX_CONNECTIONS_PER_PRINCIPAL=bad)
+    assert check_ids() == ["acp_channels.E025"]
+    acp(settings, MAX_CONNECTIONS_PER_PRINCIPAL=None)  # no per-principal cap, as MAX_CONNECTIONS
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None], ids=repr)
+def test_allow_anonymous_must_be_a_bool(settings: Any, bad: Any) -> None:
+    acp(settings, ALLOW_ANONYMOUS=bad, AUTHENTICATE=DJANGO_USER)
+    with_sessions(settings)
+    assert check_ids() == ["acp_channels.E026"]
+
+
+def test_no_authentication_warns_when_debug_is_off(settings: Any) -> None:
+    settings.DEBUG = False
+    unauthenticated(settings)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.W004"]
+    assert isinstance(messages[0], Warning) and not isinstance(messages[0], Error)
+
+
+def test_no_authentication_is_quiet_in_debug(settings: Any) -> None:
+    settings.DEBUG = True
+    unauthenticated(settings)
+    assert check_settings() == []
+
+
+def test_explicit_anonymous_access_is_quiet(settings: Any) -> None:
+    settings.DEBUG = False
+    acp(settings, ALLOW_ANONYMOUS=True)
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_stdio_agent_without_authentication_is_an_error(settings: Any, debug: bool) -> None:
+    settings.DEBUG = debug
+    unauthenticated(settings, AGENT=STDIO_AGENT)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E027"]
+    assert isinstance(messages[0], Error)
+
+
+def test_stdio_agent_with_authentication_or_explicit_anonymous_passes(settings: Any) -> None:
+    unauthenticated(settings, AGENT=STDIO_AGENT, AUTHENTICATE=BEARER, TOKEN_LOOKUP="tests.auth_fixtures.lookup")
+    assert check_settings() == []
+    drop(settings, "AUTHENTICATE")
+    acp(settings, ALLOW_ANONYMOUS=True)
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize("missing", ["django.contrib.sessions", "django.contrib.auth", "AuthenticationMiddleware"])
+def test_django_user_needs_sessions_and_auth(settings: Any, missing: str) -> None:
+    acp(settings, AUTHENTICATE=DJANGO_USER)
+    with_sessions(settings)
+    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != missing]
+    settings.MIDDLEWARE = [entry for entry in settings.MIDDLEWARE if not entry.endswith(missing)]
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E028"]
+    assert missing in messages[0].msg
+
+
+def test_django_user_with_sessions_is_clean(settings: Any) -> None:
+    acp(settings, AUTHENTICATE=DJANGO_USER, REQUIRED_PERMISSION="auth.view_user")
+    with_sessions(settings)
+    assert check_settings() == []

@@ -21,6 +21,9 @@ from websockets.typing import Origin
 from acp_channels.conf import DEFAULTS
 from tests.live import JSON, ROOT, DaphneServer, rpc
 
+TOKEN = secrets.token_urlsafe(32)
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
 SETTINGS_MODULE = "demo_project.settings_production"
 DOC = ROOT / "docs" / "deployment.md"
 HOST = "127.0.0.1"
@@ -32,6 +35,7 @@ def production_environment(**overrides: str) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
         "ACP_ALLOWED_HOSTS": "acp.example.com",
+        "ACP_TOKEN": TOKEN,
         **overrides,
     }
 
@@ -61,6 +65,20 @@ def test_the_secret_and_the_hosts_are_required(missing: str) -> None:
     result = manage("check", "--deploy", env=production_environment(**{missing: ""}))
     assert result.returncode != 0
     assert f"{missing} must be set in the environment" in result.stderr
+
+
+def test_authentication_is_required() -> None:
+    """No token, no authenticator, no explicit anonymous access: the server does not start."""
+    result = manage("check", "--deploy", env=production_environment(ACP_TOKEN=""))
+    assert result.returncode != 0
+    assert "ACP_TOKEN or ACP_AUTHENTICATE must be set in the environment" in result.stderr
+
+
+def test_explicit_anonymous_access_is_clean() -> None:
+    env = production_environment(ACP_TOKEN="", ACP_ALLOW_ANONYMOUS="1")
+    result = manage("check", "--deploy", "--fail-level", "DEBUG", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "System check identified no issues (0 silenced).", result.stdout + result.stderr
 
 
 def test_the_document_shows_every_setting_of_the_module() -> None:
@@ -98,7 +116,11 @@ def production_server() -> Iterator[DaphneServer]:
 
 async def test_behind_the_proxy_requests_are_served_with_hsts(production_server: DaphneServer) -> None:
     async with httpx.AsyncClient(timeout=10.0) as http:
-        proxied = {**JSON, "X-Forwarded-Proto": "https"}
+        proxied = {**JSON, **BEARER, "X-Forwarded-Proto": "https"}
+        refused = await http.post(
+            production_server.url, headers={**JSON, "X-Forwarded-Proto": "https"}, json=rpc(0, "initialize", {})
+        )
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == 'Bearer realm="acp"'
         response = await http.post(production_server.url, headers=proxied, json=rpc(0, "initialize", {}))
         assert response.status_code == 200, response.text
         assert response.headers["strict-transport-security"].startswith("max-age=31536000")
@@ -106,18 +128,21 @@ async def test_behind_the_proxy_requests_are_served_with_hsts(production_server:
         deleted = await http.delete(production_server.url, headers={**proxied, "Acp-Connection-Id": connection_id})
         assert deleted.status_code == 202
         # Plain HTTP (no proxy in front) is sent to https.
-        plain = await http.post(production_server.url, headers=JSON, json=rpc(0, "initialize", {}))
+        plain = await http.post(production_server.url, headers={**JSON, **BEARER}, json=rpc(0, "initialize", {}))
         assert plain.status_code == 301 and plain.headers["location"].startswith("https://")
 
 
 async def test_behind_the_proxy_an_https_page_of_the_site_is_its_own_origin(production_server: DaphneServer) -> None:
     own = f"https://{HOST}:{production_server.port}"
     async with connect(
-        production_server.ws_url, origin=Origin(own), additional_headers={"X-Forwarded-Proto": "https"}, proxy=None
+        production_server.ws_url,
+        origin=Origin(own),
+        additional_headers={"X-Forwarded-Proto": "https", **BEARER},
+        proxy=None,
     ) as ws:
         await ws.send('{"jsonrpc":"2.0","id":1,"method":"tls/ws"}')
         assert '"id":1' in str(await ws.recv())
     with pytest.raises(InvalidStatus) as refused:  # the same page over plain http is another origin
-        async with connect(production_server.ws_url, origin=Origin(own), proxy=None):
+        async with connect(production_server.ws_url, origin=Origin(own), additional_headers=BEARER, proxy=None):
             pass
     assert refused.value.response.status_code == 403
