@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
@@ -177,3 +178,70 @@ def test_terminal_refuses_a_bad_url(terminal_log: list[pexpect.spawn]) -> None:
     child.close()
     assert child.exitstatus == 2
     assert re.search(r"not an http\(s\):// or ws\(s\):// URL", child.before or "")
+
+
+def spawn_with_environment(env: dict[str, str], *args: str) -> pexpect.spawn:
+    child = pexpect.spawn(
+        sys.executable, ["-m", "acp_channels.client", *args], cwd=str(ROOT), env=env, encoding="utf-8", timeout=TIMEOUT
+    )
+    child.logfile_read = io.StringIO()
+    return child
+
+
+def without_acp_token(**extra: str) -> dict[str, str]:
+    return {**{name: value for name, value in os.environ.items() if name != "ACP_TOKEN"}, **extra}
+
+
+def test_terminal_warns_about_a_token_on_the_command_line(terminal_log: list[pexpect.spawn]) -> None:
+    """--token wins over ACP_TOKEN, and is warned about (argv is visible in `ps`); the token is
+    never printed."""
+    child = spawn_with_environment(
+        without_acp_token(ACP_TOKEN="from-the-environment"), "http://127.0.0.1:9/acp", "--token", "flag-token-1"
+    )
+    terminal_log.append(child)
+    child.expect(r"warning: a token given with --token is visible to other local users")
+    child.expect(r"error: initialize: ConnectError")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 1
+    output = child.logfile_read.getvalue()
+    assert "flag-token-1" not in output and "from-the-environment" not in output
+
+
+def test_terminal_warns_about_a_token_sent_unencrypted_beyond_loopback(terminal_log: list[pexpect.spawn]) -> None:
+    # 192.0.2.1 (TEST-NET-1) never answers: --timeout 1 ends the attempt.
+    child = spawn_with_environment(without_acp_token(ACP_TOKEN="t0ken"), "http://192.0.2.1:9/acp", "--timeout", "1")
+    terminal_log.append(child)
+    child.expect(r"warning: sending the token unencrypted to 192\.0\.2\.1 \(http://\); use https://")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 1
+    assert "--token is visible" not in child.logfile_read.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("args", "token", "message"),
+    [
+        (
+            ["http://127.0.0.1:9"],
+            "has space",
+            r"space, a control or a non-ASCII character \(character 4\)",
+        ),
+        (["ws://127.0.0.1:9", "--token-subprotocol"], "a/b", r"cannot travel as a WebSocket subprotocol"),
+        (["http://127.0.0.1:9", "--token-subprotocol"], "t0ken", r"--token-subprotocol needs a ws\(s\):// URL"),
+        (["ws://127.0.0.1:9", "--token-subprotocol"], None, r"--token-subprotocol needs a ws\(s\):// URL and a token"),
+        (["http://127.0.0.1:9", "-H", "Authorization: Basic eA=="], "t0ken", r"not both"),
+    ],
+)
+def test_terminal_refuses_unusable_credentials(
+    args: list[str], token: str | None, message: str, terminal_log: list[pexpect.spawn]
+) -> None:
+    env = without_acp_token(**({"ACP_TOKEN": token} if token is not None else {}))
+    child = spawn_with_environment(env, *args)
+    terminal_log.append(child)
+    child.expect(message)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2
+    if token is not None:
+        assert token not in child.logfile_read.getvalue()

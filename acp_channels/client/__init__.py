@@ -3,7 +3,7 @@
     import acp
     from acp_channels.client import HttpClient
 
-    conn = acp.connect_to_agent(MyClient(), HttpClient("http://127.0.0.1:8000"))
+    conn = acp.connect_to_agent(MyClient(), HttpClient("http://127.0.0.1:8000", token=os.environ["ACP_TOKEN"]))
 
 No Django here: a client needs only httpx, websockets and (for the terminal client) `acp`.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .errors import (
     AcpClientError,
+    AuthenticationError,
     ClientUsageError,
     HttpStatusError,
     NetworkError,
@@ -22,12 +23,13 @@ from .errors import (
     TransportTimeoutError,
     WebSocketClosedError,
 )
-from .http_client import DEFAULT_TIMEOUT, HttpClient, resolve_endpoint
+from .http_client import DEFAULT_TIMEOUT, HttpClient, check_token, resolve_endpoint
 from .transport_http import ReconnectPolicy, StreamDrop
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "AcpClientError",
+    "AuthenticationError",
     "ClientUsageError",
     "HttpClient",
     "HttpStatusError",
@@ -40,5 +42,6 @@ __all__ = [
     "TransportError",
     "TransportTimeoutError",
     "WebSocketClosedError",
+    "check_token",
     "resolve_endpoint",
 ]

@@ -7,13 +7,13 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, Final, TypeAlias, TypeVar
 
 from acp_channels import protocol
 from acp_channels.protocol import Batch, Malformed, MalformedEntry, Single
 
-from .errors import ClientUsageError, TransportClosedError, TransportError
+from .errors import ClientUsageError, HttpStatusError, TransportClosedError, TransportError, status_error
 
 __all__ = ["FrameValue", "Inbox", "TransportBase", "frame_value_for_send", "received_value"]
 
@@ -21,6 +21,22 @@ __all__ = ["FrameValue", "Inbox", "TransportBase", "frame_value_for_send", "rece
 FrameValue: TypeAlias = dict[str, Any] | list[Any]
 
 _END: Final = object()
+
+#: Request headers whose values are credentials: never shown in an error message.
+CREDENTIAL_HEADERS: Final = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+
+def credential_secrets(headers: Mapping[str, str], extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """The strings an error message must not show: credential header values (whole, and
+    without their scheme: `Bearer abc` and `abc`) and `extra` secrets, longest first."""
+    found: set[str] = {secret for secret in extra if secret}
+    for name, value in headers.items():
+        if name.lower() in CREDENTIAL_HEADERS and value.strip():
+            found.add(value.strip())
+            _, _, credentials = value.strip().partition(" ")
+            if credentials.strip():
+                found.add(credentials.strip())
+    return tuple(sorted(found, key=len, reverse=True))
 
 
 def received_value(text: str) -> FrameValue:
@@ -115,11 +131,21 @@ class TransportBase:
     closed_text = "transport is closed"
 
     def __init__(
-        self, endpoint: str, headers: Mapping[str, str] | None, timeout: float | None, max_message_size: int
+        self,
+        endpoint: str,
+        headers: Mapping[str, str] | None,
+        timeout: float | None,
+        max_message_size: int,
+        *,
+        secrets: Iterable[str] = (),
     ) -> None:
         self.endpoint = endpoint
         self.connection_id: str | None = None
         self._headers = dict(headers or {})
+        secrets = tuple(secrets)
+        self._secrets = credential_secrets(self._headers, secrets)
+        # A token or an Authorization header (a cookie may be only a load balancer's).
+        self._credentials_sent = any(name.lower() == "authorization" for name in self._headers) or any(secrets)
         self._timeout = timeout
         self._max_message_size = max_message_size
         self._inbox = Inbox()
@@ -162,6 +188,22 @@ class TransportBase:
         if self.error is not None:
             raise self.error  # what cut this operation short
         raise self._closed_error()
+
+    def redact(self, text: str) -> str:
+        """`text` with every credential this transport sends replaced by `***`."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _status_error(self, what: str, status_code: int, body: str, www_authenticate: str | None) -> HttpStatusError:
+        """The error for an unexpected status (401/403: `AuthenticationError`), credentials redacted."""
+        return status_error(
+            what,
+            status_code,
+            self.redact(body),
+            www_authenticate=self.redact(www_authenticate) if www_authenticate is not None else None,
+            credentials_sent=self._credentials_sent,
+        )
 
     def _closed_error(self) -> TransportClosedError:
         if self.error is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 __all__ = [
     "AcpClientError",
+    "AuthenticationError",
     "ClientUsageError",
     "HttpStatusError",
     "NetworkError",
@@ -52,6 +53,53 @@ class HttpStatusError(TransportError):
         self.body = body
         detail = f": {body.strip()}" if body.strip() else ""
         super().__init__(f"{request}: HTTP {status_code}{detail}")
+
+
+class AuthenticationError(HttpStatusError):
+    """The server refused the request's credentials.
+
+    401: no credentials, or ones it does not accept (`www_authenticate` is the server's
+    `WWW-Authenticate` challenge, e.g. `Bearer realm="acp", error="invalid_token"`).
+    403: it knows who is asking but does not allow it (a missing permission, a foreign Origin),
+    and, for a WebSocket, any refusal: a server that must refuse before the upgrade completes
+    (daphne) can only answer 403. The message names the status and the server's text, never
+    the credentials sent (a token the server echoes is shown as `***`)."""
+
+    REASONS = {401: "Unauthorized", 403: "Forbidden"}
+
+    def __init__(
+        self,
+        request: str,
+        status_code: int,
+        body: str = "",
+        *,
+        www_authenticate: str | None = None,
+        credentials_sent: bool = False,
+    ) -> None:
+        self.www_authenticate = www_authenticate
+        self.credentials_sent = credentials_sent
+        super().__init__(request, status_code, body)
+        reason = self.REASONS.get(status_code, "refused")
+        if status_code == 401:
+            reason += " (credentials refused)" if credentials_sent else " (no credentials were sent)"
+        detail = f": {body.strip()}" if body.strip() else ""
+        self.args = (f"{request}: HTTP {status_code} {reason}{detail}",)
+
+
+def status_error(
+    request: str,
+    status_code: int,
+    body: str = "",
+    *,
+    www_authenticate: str | None = None,
+    credentials_sent: bool = False,
+) -> HttpStatusError:
+    """The error for an unexpected status: `AuthenticationError` for 401 and 403."""
+    if status_code in AuthenticationError.REASONS:
+        return AuthenticationError(
+            request, status_code, body, www_authenticate=www_authenticate, credentials_sent=credentials_sent
+        )
+    return HttpStatusError(request, status_code, body)
 
 
 class ProtocolViolationError(TransportError):

@@ -2,6 +2,7 @@
 
     HttpClient("http://host:8000")        # POST + SSE on http://host:8000/acp
     HttpClient("wss://host/agents/acp")   # one WebSocket on that URL
+    HttpClient(url, token=os.environ["ACP_TOKEN"])   # Authorization: Bearer <token> on everything
 
 It is an `acp` SDK transport (`send(dict)`, `receive() -> dict | None`, `close()`), so
 `acp.connect_to_agent(my_client, HttpClient(url))` talks to a remote agent, and it is an async
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Final, Literal, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -22,10 +23,43 @@ from .errors import ClientUsageError, TransportError
 from .transport_http import HttpTransport, ReconnectPolicy
 from .transport_ws import WebSocketTransport
 
-__all__ = ["DEFAULT_TIMEOUT", "HttpClient", "resolve_endpoint"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "SUBPROTOCOL",
+    "TOKEN_SUBPROTOCOL_PREFIX",
+    "HttpClient",
+    "check_token",
+    "resolve_endpoint",
+]
 
 DEFAULT_TIMEOUT = 30.0
 _SCHEMES: dict[str, Literal["http", "ws"]] = {"http": "http", "https": "http", "ws": "ws", "wss": "ws"}
+
+#: The WebSocket subprotocol a server accepts; a browser offers the token as a second one.
+SUBPROTOCOL: Final = "acp"
+TOKEN_SUBPROTOCOL_PREFIX: Final = "acp.bearer."
+#: RFC 6455 subprotocol names are RFC 2616 tokens: visible ASCII except these separators.
+_SEPARATORS: Final = frozenset('()<>@,;:\\"/[]?={}')
+WebSocketToken: TypeAlias = Literal["header", "subprotocol"]
+
+
+def check_token(token: str, *, subprotocol: bool = False) -> None:
+    """Refuse a token that cannot travel intact: empty, or with a space, a control character or
+    a non-ASCII one (it goes in a header); as a WebSocket subprotocol also any RFC 6455
+    separator. The message gives the position, never the token."""
+    if not isinstance(token, str) or not token:
+        raise ClientUsageError("the token is empty")
+    for position, char in enumerate(token, 1):
+        if not "\x21" <= char <= "\x7e":
+            raise ClientUsageError(
+                f"the token has a space, a control or a non-ASCII character (character {position}); "
+                "a token is printable ASCII without spaces"
+            )
+        if subprotocol and char in _SEPARATORS:
+            raise ClientUsageError(
+                f"the token cannot travel as a WebSocket subprotocol: character {position} is one of "
+                "()<>@,;:\\\"/[]?={} (RFC 6455 allows letters, digits and !#$%&'*+-.^_`|~; base64url fits)"
+            )
 
 
 def resolve_endpoint(url: str, *, exact: bool = False) -> tuple[str, Literal["http", "ws"]]:
@@ -48,7 +82,14 @@ class HttpClient:
 
     Args:
         url: the server; `/acp` is appended unless the path already ends with it.
-        headers: sent on every request and on the WebSocket upgrade (e.g. Authorization).
+        token: a bearer token, sent as `Authorization: Bearer <token>` on every request (POST,
+            the GET streams, DELETE) and on the WebSocket upgrade. It never appears in the
+            client's repr or in an error message.
+        websocket_token: "header" (default) or "subprotocol": send the token on the WebSocket
+            upgrade as a browser must, offering subprotocols `acp` and `acp.bearer.<token>`
+            (the token must then consist of RFC 6455 token characters, e.g. base64url).
+        headers: sent on every request and on the WebSocket upgrade (an Authorization header
+            here instead of `token` works too; not both).
         timeout: seconds for each POST/DELETE answer, for a stream's response headers, and for
             the WebSocket handshake; None waits forever. A timeout is fatal.
         stream_idle_timeout: HTTP only; an SSE stream silent this long counts as dropped
@@ -64,6 +105,8 @@ class HttpClient:
         self,
         url: str,
         *,
+        token: str | None = None,
+        websocket_token: WebSocketToken = "header",
         headers: Mapping[str, str] | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         stream_idle_timeout: float | None = None,
@@ -74,11 +117,27 @@ class HttpClient:
         exact_url: bool = False,
     ) -> None:
         self.url, self.kind = resolve_endpoint(url, exact=exact_url)
+        headers = dict(headers or {})
+        subprotocols: list[str] = []
+        if websocket_token not in ("header", "subprotocol"):
+            raise ClientUsageError('websocket_token is "header" or "subprotocol"')
+        if websocket_token == "subprotocol" and (self.kind != "ws" or token is None):
+            raise ClientUsageError('websocket_token="subprotocol" needs a token and a ws(s):// URL')
+        if token is not None:
+            check_token(token, subprotocol=websocket_token == "subprotocol")
+            if any(name.lower() == "authorization" for name in headers):
+                raise ClientUsageError("give a token or an Authorization header, not both")
+            if websocket_token == "subprotocol":
+                subprotocols = [SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREFIX + token]
+            else:
+                headers["Authorization"] = f"Bearer {token}"
+        secrets = (token,) if token is not None else ()
         self._transport: HttpTransport | WebSocketTransport
         if self.kind == "http":
             self._transport = HttpTransport(
                 self.url,
                 headers=headers,
+                secrets=secrets,
                 timeout=timeout,
                 stream_idle_timeout=stream_idle_timeout,
                 http_client=http_client,
@@ -90,11 +149,20 @@ class HttpClient:
             if http_client is not None or reconnect is not None or stream_idle_timeout is not None:
                 raise ClientUsageError("http_client, reconnect and stream_idle_timeout are for http(s):// URLs")
             self._transport = WebSocketTransport(
-                self.url, headers=headers, timeout=timeout, cookies=cookies, max_message_size=max_message_size
+                self.url,
+                headers=headers,
+                timeout=timeout,
+                cookies=cookies,
+                max_message_size=max_message_size,
+                subprotocols=subprotocols,
+                secrets=secrets,
             )
 
     def __repr__(self) -> str:
-        return f"HttpClient({self.url!r}, kind={self.kind!r}, connection_id={self.connection_id!r})"
+        # The URL without a user:password part; headers and token are never shown.
+        parts = urlsplit(self.url)
+        url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        return f"HttpClient({url!r}, kind={self.kind!r}, connection_id={self.connection_id!r})"
 
     @property
     def transport(self) -> HttpTransport | WebSocketTransport:

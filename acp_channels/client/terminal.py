@@ -49,7 +49,7 @@ from acp.schema import (
 
 from acp_channels import __version__
 
-from .errors import TransportError
+from .errors import AuthenticationError, TransportError
 from .http_client import HttpClient
 
 __all__ = ["PermissionMode", "TerminalClient", "run"]
@@ -348,6 +348,8 @@ async def run(
     *,
     cwd: str | None = None,
     headers: Mapping[str, str] | None = None,
+    token: str | None = None,
+    token_subprotocol: bool = False,
     timeout: float | None = 30.0,
     permissions: PermissionMode = "ask",
     fs: bool = False,
@@ -357,7 +359,13 @@ async def run(
     """Run the terminal client until /quit, EOF or a second Ctrl-C; returns the exit status."""
     console = Console(stdout or sys.stdout)
     lines = LineReader(stdin or sys.stdin)
-    transport = HttpClient(url, headers=headers, timeout=timeout)
+    transport = HttpClient(
+        url,
+        headers=headers,
+        token=token,
+        websocket_token="subprotocol" if token_subprotocol else "header",
+        timeout=timeout,
+    )
     client = TerminalClient(console, lines, permissions=permissions, fs=fs)
     conn = acp.connect_to_agent(cast(Client, client), transport)
     loop = asyncio.get_running_loop()
@@ -441,6 +449,8 @@ async def run(
     except (TransportError, ConnectionError, acp.RequestError) as exc:
         error = transport.error or exc
         console.line(f"error: {error}")
+        if isinstance(error, AuthenticationError):
+            console.line(_refusal_hint(error, transport.kind))
         status = 1
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -452,6 +462,18 @@ async def run(
             await asyncio.wait_for(conn.close(), (timeout or 30.0) + 5)
         console.line("Disconnected.")
     return status
+
+
+def _refusal_hint(error: AuthenticationError, kind: str) -> str:
+    """What to do about a 401/403, in a line."""
+    if not error.credentials_sent and (error.status_code == 401 or kind == "ws"):
+        return "The server requires authentication: set ACP_TOKEN (or pass --token)."
+    if error.status_code == 401:
+        return "The server refused the token: check ACP_TOKEN or --token."
+    if kind == "ws":
+        # Servers such as daphne can refuse a WebSocket upgrade only with 403.
+        return "The server refused the WebSocket (403): the token is wrong or not allowed here."
+    return "The server refused access (403): these credentials are not allowed here."
 
 
 def _detail(data: Any) -> str:

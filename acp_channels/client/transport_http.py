@@ -29,7 +29,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, TypeVar
 
@@ -133,8 +133,9 @@ class HttpTransport(TransportBase):
         cookies: httpx.Cookies | dict[str, str] | None = None,
         reconnect: ReconnectPolicy | None = None,
         max_message_size: int = 64 * 1024 * 1024,
+        secrets: Iterable[str] = (),
     ) -> None:
-        super().__init__(endpoint, headers, timeout, max_message_size)
+        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets)
         self._stream_idle_timeout = stream_idle_timeout
         self._reconnect = reconnect
         self._owns_client = http_client is None
@@ -265,8 +266,12 @@ class HttpTransport(TransportBase):
         response = await self._exchange("POST", what, headers, protocol.dumps(value).encode())
         logger.debug("%s: HTTP %d", what, response.status_code)
         if not _is_2xx(response):
-            raise self._fail(HttpStatusError(what, response.status_code, response.text[:_ERROR_BODY_LIMIT]))
+            raise self._fail(self._response_error(what, response, response.text))
         return response
+
+    def _response_error(self, what: str, response: httpx.Response, body: str) -> HttpStatusError:
+        challenge = response.headers.get("www-authenticate")
+        return self._status_error(what, response.status_code, body[:_ERROR_BODY_LIMIT], challenge)
 
     async def _exchange(
         self, method: str, what: str, headers: dict[str, str], content: bytes | None = None
@@ -278,7 +283,7 @@ class HttpTransport(TransportBase):
         except httpx.TimeoutException as exc:
             raise self._fail(TransportTimeoutError(f"{what}: no answer within {self._timeout:g}s")) from exc
         except httpx.HTTPError as exc:
-            raise self._fail(NetworkError(f"{what}: {type(exc).__name__}: {exc}")) from exc
+            raise self._fail(NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}"))) from exc
 
     # ------------------------------------------------------------------------------ initialize
 
@@ -293,8 +298,7 @@ class HttpTransport(TransportBase):
             if connection_id is not None:
                 self.connection_id = connection_id  # kept even on failure, so it is deleted
             if not _is_2xx(response):
-                body = response.text[:_ERROR_BODY_LIMIT]
-                raise self._fail(HttpStatusError("initialize", response.status_code, body))
+                raise self._fail(self._response_error("initialize", response, response.text))
             frame = protocol.parse_frame(response.text)
             if isinstance(frame, Batch):
                 raise self._fail(ProtocolViolationError("initialize response must not be a JSON-RPC batch"))
@@ -384,7 +388,7 @@ class HttpTransport(TransportBase):
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise TransportTimeoutError(f"{what}: no response headers within {self._timeout:g}s") from exc
         except httpx.HTTPError as exc:
-            raise NetworkError(f"{what}: {type(exc).__name__}: {exc}") from exc
+            raise NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
         try:
             if not _is_2xx(response):
                 try:
@@ -392,7 +396,7 @@ class HttpTransport(TransportBase):
                         body = (await response.aread()).decode(errors="replace")
                 except (TimeoutError, httpx.HTTPError):
                     body = ""
-                raise HttpStatusError(what, response.status_code, body[:_ERROR_BODY_LIMIT])
+                raise self._response_error(what, response, body)
             logger.debug("%s: HTTP %d", what, response.status_code)
             stream.connected = True
             stream.attempts = 0

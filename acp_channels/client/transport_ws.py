@@ -4,7 +4,8 @@ As in the reference client (rust-reference §13, WebSocket mode): no ACP headers
 initialize gate (the agent decides), binary messages ignored, and any close or break of the
 socket by the server is fatal. The 101's `acp-connection-id` is kept as `connection_id`
 (our server and the official SDK servers send it), and custom headers and cookies go on the
-upgrade request.
+upgrade request. Credentials travel in the `Authorization` header of the upgrade, or, as a
+browser must send them, in the offered subprotocols (`subprotocols=["acp", "acp.bearer.<token>"]`).
 """
 
 from __future__ import annotations
@@ -12,19 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.typing import Subprotocol
 
 from acp_channels import protocol
 from acp_channels.protocol import CONNECTION_HEADER
 
 from ._base import TransportBase, frame_value_for_send, received_value
 from .errors import (
-    HttpStatusError,
     NetworkError,
     TransportClosedError,
     TransportError,
@@ -53,9 +54,14 @@ class WebSocketTransport(TransportBase):
         cookies: httpx.Cookies | dict[str, str] | None = None,
         max_message_size: int = 64 * 1024 * 1024,
         ping_interval: float | None = 20.0,
+        subprotocols: Sequence[str] = (),
+        secrets: Iterable[str] = (),
     ) -> None:
-        super().__init__(endpoint, headers, timeout, max_message_size)
+        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets)
         self._ping_interval = ping_interval
+        self._subprotocols = [Subprotocol(name) for name in subprotocols]
+        #: The subprotocol the server chose (None: it chose none).
+        self.subprotocol: str | None = None
         self.cookies = httpx.Cookies(cookies)
         self._socket: ClientConnection | None = None
         self._connect_lock = asyncio.Lock()
@@ -82,15 +88,20 @@ class WebSocketTransport(TransportBase):
                     close_timeout=self._timeout,
                     max_size=self._max_message_size,
                     ping_interval=self._ping_interval,
+                    subprotocols=self._subprotocols or None,
                 )
             except InvalidStatus as exc:
                 body = exc.response.body.decode(errors="replace") if exc.response.body else ""
-                raise self._fail(HttpStatusError("WebSocket upgrade", exc.response.status_code, body[:2000])) from exc
+                challenge = exc.response.headers.get("WWW-Authenticate")
+                refused = self._status_error("WebSocket upgrade", exc.response.status_code, body[:2000], challenge)
+                raise self._fail(refused) from exc
             except TimeoutError as exc:
                 error = TransportTimeoutError(f"WebSocket upgrade: no answer within {self._timeout}s")
                 raise self._fail(error) from exc
             except (OSError, InvalidHandshake, InvalidURI) as exc:
-                raise self._fail(NetworkError(f"WebSocket upgrade: {type(exc).__name__}: {exc}")) from exc
+                failed = NetworkError(self.redact(f"WebSocket upgrade: {type(exc).__name__}: {exc}"))
+                raise self._fail(failed) from exc
+            self.subprotocol = socket.subprotocol
             response = socket.response
             if response is not None:
                 self.connection_id = protocol.header_value(response.headers.get_all(CONNECTION_HEADER)) or None

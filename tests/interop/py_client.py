@@ -5,14 +5,18 @@ Usage::
 
     python tests/interop/py_client.py http://127.0.0.1:8000/acp   # HTTP: POST + SSE (acp.http)
     python tests/interop/py_client.py ws://127.0.0.1:8000/acp     # WebSocket (acp.ws)
+    ACP_TOKEN=... python tests/interop/py_client.py URL          # or --token TOKEN
+
+With a token (``--token``, else the ``ACP_TOKEN`` environment variable) every request (and the
+WebSocket upgrade) carries ``Authorization: Bearer <token>``, through the SDK's ``headers=``.
 
 Runs the interop scenario against a server hosting the demo agent (see README.md):
 initialize -> session/new -> ``stream 50 64`` -> ``permission`` (answers ``allow``)
 -> ``wait_for_cancel`` + session/cancel -> close (DELETE on HTTP, socket close on WS).
 
 Prints exactly one JSON line on stdout summarising what it observed. Exit status: 0 when
-every check passed, 1 when one failed (the JSON line has ``"ok": false`` and ``"error"``),
-2 on a bad URL.
+every check passed, 1 when one failed (the JSON line has ``"ok": false`` and ``"error"``, and
+``"status"`` when an HTTP status refused it, e.g. 401), 2 on a bad URL.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import sys
 import tempfile
@@ -215,25 +220,41 @@ def check_stream_order(texts: list[str]) -> str:
     return "indexed"
 
 
-async def open_transport(url: str, http_client: httpx.AsyncClient) -> Any:
+async def open_transport(url: str, http_client: httpx.AsyncClient, headers: dict[str, str]) -> Any:
     if _TRANSPORTS[urlparse(url).scheme] == "http":
         from acp.http import create_http_stream
 
-        return create_http_stream(url, client=http_client)
+        return create_http_stream(url, client=http_client, headers=headers)
     from acp.ws import create_websocket_stream
 
-    return await create_websocket_stream(url)
+    return await create_websocket_stream(url, headers=headers)
 
 
-async def run(url: str, seconds: float, summary: dict[str, Any]) -> None:
+def refusal_status(error: BaseException) -> int | None:
+    """The HTTP status behind a failure, if one refused it (acp.http's AcpHttpStatusError,
+    websockets' InvalidStatus), looking through the exception chain."""
+    seen: BaseException | None = error
+    while seen is not None:
+        status = getattr(seen, "status_code", None)
+        response = getattr(seen, "response", None)
+        if status is None and response is not None:
+            status = getattr(response, "status_code", None)
+        if isinstance(status, int):
+            return status
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+async def run(url: str, seconds: float, summary: dict[str, Any], token: str | None = None) -> None:
     http_log = HttpLog()
     # The SDK's default client settings (HTTP/2 enabled, no read timeout because SSE streams are
     # long-lived) plus a response hook; passing our own client means we close it ourselves.
     http_client = httpx.AsyncClient(
         http2=True, timeout=httpx.Timeout(None), event_hooks={"response": [http_log.on_response]}
     )
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        await scenario(url, seconds, summary, http_client)
+        await scenario(url, seconds, summary, http_client, headers)
     finally:
         await http_client.aclose()
         if summary["transport"] == "http":
@@ -246,10 +267,12 @@ async def run(url: str, seconds: float, summary: dict[str, Any]) -> None:
         )
 
 
-async def scenario(url: str, seconds: float, summary: dict[str, Any], http_client: httpx.AsyncClient) -> None:
+async def scenario(
+    url: str, seconds: float, summary: dict[str, Any], http_client: httpx.AsyncClient, headers: dict[str, str]
+) -> None:
     client = DemoClient()
     wire = WireLog()
-    transport = await step("connect", open_transport(url, http_client), seconds)
+    transport = await step("connect", open_transport(url, http_client, headers), seconds)
     conn = connect_to_agent(client, transport, use_unstable_protocol=True, observers=[wire])
     closed = False
     try:
@@ -328,22 +351,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("url", help="ACP endpoint: http(s)://HOST:PORT/acp or ws(s)://HOST:PORT/acp")
     parser.add_argument("--timeout", type=float, default=20.0, help="per-step timeout, seconds (20)")
+    parser.add_argument("--token", help="bearer token (default: the ACP_TOKEN environment variable)")
     args = parser.parse_args()
+    token = args.token if args.token is not None else os.environ.get("ACP_TOKEN") or None
 
     transport = _TRANSPORTS.get(urlparse(args.url).scheme)
-    summary: dict[str, Any] = {"ok": False, "client": "python-sdk", "transport": transport, "url": args.url}
+    summary: dict[str, Any] = {
+        "ok": False,
+        "client": "python-sdk",
+        "transport": transport,
+        "url": args.url,
+        "auth": "bearer" if token else "none",
+    }
     if transport is None:
         summary["error"] = "URL scheme must be http, https, ws or wss"
         print(json.dumps(summary), flush=True)
         print(f"py_client: {summary['error']}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(run(args.url, args.timeout, summary))
+        asyncio.run(run(args.url, args.timeout, summary, token))
         summary["ok"] = True
     except CheckFailed as exc:
         summary["error"] = str(exc)
     except Exception as exc:  # any failure, e.g. a JSON-RPC error, becomes the one JSON line
         summary["error"] = f"{type(exc).__name__}: {exc}"
+        status = refusal_status(exc)
+        if status is not None:
+            summary["status"] = status
     print(json.dumps(summary), flush=True)
     if not summary["ok"]:
         print(f"py_client: FAILED: {summary['error']}", file=sys.stderr)

@@ -4,6 +4,8 @@
   skipped when Node or its node_modules are missing (`./dev.sh test` runs `npm ci` there).
 * `py_sdk_server`: the official Python SDK server (`acp.http.asgi.create_asgi_app`) under
   uvicorn, hosting the demo agent (tests/peers/py_sdk_server.py).
+* `gated_py_sdk_server`: the same behind `BearerGate` (tests/peers/auth_gate.py): every request
+  must carry the bearer token `GATE_TOKEN`.
 
 Each starts once per test session, whichever modules import it.
 """
@@ -20,6 +22,8 @@ from tests.live import ROOT
 from tests.peers.process import PeerServer
 
 TS_DIR = ROOT / "tests" / "peers" / "ts_server"
+#: The token `gated_py_sdk_server` requires (base64url, so it also fits a WebSocket subprotocol).
+GATE_TOKEN = "gate-Zm9vYmFyYmF6_0123"
 _started: dict[str, PeerServer] = {}
 
 
@@ -33,7 +37,10 @@ def _peer(name: str, request: pytest.FixtureRequest) -> PeerServer:
             server = PeerServer(argv=["node", "server.mjs"], cwd=TS_DIR)
         else:
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            server = PeerServer(argv=[sys.executable, "-m", "tests.peers.py_sdk_server"], cwd=ROOT, env=env)
+            argv = [sys.executable, "-m", "tests.peers.py_sdk_server"]
+            if name == "py-gated":
+                argv += ["--token", GATE_TOKEN]
+            server = PeerServer(argv=argv, cwd=ROOT, env=env)
         _started[name] = server.start()
         request.config.add_cleanup(server.stop)
     return _started[name]
@@ -47,3 +54,8 @@ def ts_server(request: pytest.FixtureRequest) -> PeerServer:
 @pytest.fixture(scope="session")
 def py_sdk_server(request: pytest.FixtureRequest) -> PeerServer:
     return _peer("py", request)
+
+
+@pytest.fixture(scope="session")
+def gated_py_sdk_server(request: pytest.FixtureRequest) -> PeerServer:
+    return _peer("py-gated", request)

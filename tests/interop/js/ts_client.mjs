@@ -7,13 +7,16 @@
  *   node ts_client.mjs ws://127.0.0.1:8000/acp ws       # experimental/ws-client (Node `ws`)
  *
  * Options: --timeout SECONDS (per step, default 20), --trace (every HTTP exchange / WebSocket
- * frame as a JSON line on stderr).
+ * frame as a JSON line on stderr), --token TOKEN (default: the ACP_TOKEN environment variable):
+ * `Authorization: Bearer <token>` on every request and on the WebSocket upgrade, through the
+ * SDK's `headers` option; --token-subprotocol (ws only): send it instead as a browser must,
+ * offering subprotocols `acp` and `acp.bearer.<token>` (the SDK's `protocols` option).
  *
  * Runs the interop scenario against a server hosting the demo agent (see ../README.md):
  * initialize -> session/new -> `stream 50 64` -> `permission` (answers `allow`)
  * -> `wait_for_cancel` + session/cancel -> close (DELETE on HTTP, socket close on WS).
- * Prints exactly one JSON line on stdout; exit 0 when every check passed, 1 when one failed,
- * 2 on bad usage.
+ * Prints exactly one JSON line on stdout; exit 0 when every check passed, 1 when one failed
+ * (with `status` when an HTTP status refused it, e.g. 401), 2 on bad usage.
  *
  * SDK 2.x has no ClientSideConnection any more: its replacement is the `client()` app
  * (onRequest/onNotification handlers) connected to a transport Stream.
@@ -108,6 +111,20 @@ function describeMessage(message) {
  * @property {number | undefined} status
  * @property {Promise<void>} done settles when the response headers arrived or the request failed
  */
+
+/**
+ * The HTTP status that refused the run, if one did: the SDK's HttpResponseError carries it; the
+ * `ws` package reports a refused upgrade as "Unexpected server response: 403".
+ * @param {unknown} error
+ * @returns {number | undefined}
+ */
+function refusalStatus(error) {
+  if (error && typeof error === "object" && "status" in error && typeof error.status === "number") {
+    return error.status;
+  }
+  const match = /Unexpected server response: (\d+)/.exec(String(error instanceof Error ? error.message : error));
+  return match ? Number(match[1]) : undefined;
+}
 
 /** @param {unknown} error */
 function describeError(error) {
@@ -308,8 +325,9 @@ function sdkVersion() {
  * @param {number} ms
  * @param {WireLog} wire
  * @param {Record<string, unknown>} summary
+ * @param {{token?: string, subprotocol?: boolean}} [auth]
  */
-async function scenario(url, transport, ms, wire, summary) {
+async function scenario(url, transport, ms, wire, summary, auth = {}) {
   /** @type {SessionNotification[]} */
   let updates = [];
   /** @type {{sessionId: string, options: string[]}[]} */
@@ -329,10 +347,13 @@ async function scenario(url, transport, ms, wire, summary) {
       return response;
     });
 
+  /** @type {Record<string, string>} */
+  const headers = auth.token && !auth.subprotocol ? { Authorization: `Bearer ${auth.token}` } : {};
+  const protocols = auth.token && auth.subprotocol ? ["acp", `acp.bearer.${auth.token}`] : undefined;
   const stream =
     transport === "http"
-      ? createHttpStream(url, { fetch: wire.fetch() })
-      : createWebSocketStream(url, { WebSocket: wire.webSocket() });
+      ? createHttpStream(url, { fetch: wire.fetch(), headers })
+      : createWebSocketStream(url, { WebSocket: wire.webSocket(), headers, protocols });
   const connection = app.connect(stream);
   const agent = connection.agent;
   const takeUpdates = () => {
@@ -488,11 +509,15 @@ async function main() {
   const args = process.argv.slice(2);
   let timeoutSeconds = 20;
   let trace = process.env.ACP_INTEROP_TRACE === "1";
+  let token = process.env.ACP_TOKEN || undefined;
+  let subprotocol = false;
   /** @type {string[]} */
   const positional = [];
   for (let i = 0; i < args.length; i++) {
     if (args[i] === "--trace") trace = true;
     else if (args[i] === "--timeout") timeoutSeconds = Number(args[++i]);
+    else if (args[i] === "--token") token = args[++i];
+    else if (args[i] === "--token-subprotocol") subprotocol = true;
     else positional.push(args[i]);
   }
   const [url, transport] = positional;
@@ -503,19 +528,24 @@ async function main() {
     sdk: sdkVersion(),
     transport: transport ?? null,
     url: url ?? null,
+    auth: token ? (subprotocol ? "subprotocol" : "bearer") : "none",
   };
-  if (!url || (transport !== "http" && transport !== "ws") || !(timeoutSeconds > 0)) {
-    summary.error = "usage: node ts_client.mjs URL http|ws [--timeout SECONDS] [--trace]";
+  const usable = url && (transport === "http" || transport === "ws") && timeoutSeconds > 0;
+  if (!usable || (subprotocol && (transport !== "ws" || !token))) {
+    summary.error =
+      "usage: node ts_client.mjs URL http|ws [--timeout SECONDS] [--trace] [--token TOKEN] [--token-subprotocol (ws)]";
     process.stdout.write(`${JSON.stringify(summary)}\n`);
     process.stderr.write(`ts_client: ${summary.error}\n`);
     return 2;
   }
   const wire = new WireLog(trace);
   try {
-    await scenario(url, transport, timeoutSeconds * 1000, wire, summary);
+    await scenario(url, transport, timeoutSeconds * 1000, wire, summary, { token, subprotocol });
     summary.ok = true;
   } catch (error) {
     summary.error = describeError(error);
+    const status = refusalStatus(error);
+    if (status !== undefined) summary.status = status;
   }
   if (transport === "http") summary.http = wire.httpSummary();
   else summary.ws = { closeCode: wire.wsCloseCode ?? null };
