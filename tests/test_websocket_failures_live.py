@@ -116,8 +116,10 @@ async def test_an_agent_message_over_the_limit_closes_the_socket_with_1009(
     assert await wait_until_unknown(http, server, connection_id) == 404  # the agent's connection ended
     # (The demo's console handler and daphne's root handler both print it.)
     lines = await wait_for_log(server, connection_id)
-    assert any("WARNING" in line for line in lines), lines
-    assert all("exceeds the socket's limit" in line for line in lines), lines
+    warnings = [line for line in lines if "WARNING" in line]
+    assert warnings, lines
+    assert all("exceeds the socket's limit" in line for line in warnings), warnings
+    assert any("reason=send failed" in line for line in lines), lines  # the audit line of its end
     assert DaphneServer(log=server.log[since:]).errors() == []
 
 
