@@ -239,6 +239,16 @@ async def _exchange(channel: Any, message: dict[str, Any]) -> tuple[dict[str, An
     raise AssertionError(f"the agent ended before answering {message}")
 
 
+async def _say_whoami(channel: Any) -> list[str]:
+    """Drive an SDK demo agent to a `whoami` prompt: what it said."""
+    await _exchange(channel, rpc(0, "initialize", {"protocolVersion": 1}))
+    session = (await _exchange(channel, rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})))[0]
+    prompt = {"sessionId": session["result"]["sessionId"], "prompt": [{"type": "text", "text": "whoami"}]}
+    reply, updates = await _exchange(channel, rpc(2, "session/prompt", prompt))
+    assert reply["result"]["stopReason"] == "end_turn"
+    return [update["params"]["update"]["content"]["text"] for update in updates]
+
+
 async def test_an_sdk_agent_learns_whom_it_serves(settings: Any, hosts: list[ConnectionHost]) -> None:
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": "demo_project.agent.create_agent"}
     host = registry.create(
@@ -247,16 +257,25 @@ async def test_an_sdk_agent_learns_whom_it_serves(settings: Any, hosts: list[Con
     hosts.append(host)
     channel = host.agent
     assert isinstance(channel, SdkAgentChannel)
-    await _exchange(channel, rpc(0, "initialize", {"protocolVersion": 1}))
-    session = (await _exchange(channel, rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})))[0]
-    session_id = session["result"]["sessionId"]
-    prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": "whoami"}]}
-    reply, updates = await _exchange(channel, rpc(2, "session/prompt", prompt))
-    assert reply["result"]["stopReason"] == "end_turn"
-    said = [update["params"]["update"]["content"]["text"] for update in updates]
+    said = await _say_whoami(channel)
     assert said == [
         f"principal=user:Ada Lovelace connection={host.connection_id} transport=websocket remote=198.51.100.4"
     ]
+
+
+async def test_the_demo_agent_as_a_subprocess_learns_whom_it_serves_from_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from demo_project.agent import create_agent
+
+    for name, value in ((PRINCIPAL_KIND_ENV, "user"), (PRINCIPAL_ID_ENV, "42"), (CONNECTION_ENV, "c-env")):
+        monkeypatch.setenv(name, value)
+    channel = SdkAgentChannel(create_agent())  # as `python -m demo_project.agent` makes it: no context
+    try:
+        said = await _say_whoami(channel)
+    finally:
+        await channel.close()
+    assert said == ["principal=user:42 connection=c-env transport=stdio"]
 
 
 # -- a stdio agent's configure -----------------------------------------------------------------
