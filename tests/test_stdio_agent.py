@@ -484,7 +484,7 @@ def test_setting_problems(tmp_path: Path) -> None:
         "'env' must be a dict of strings to strings",
     ]
     assert setting_problems({"command": ["python3"], "args": []}) == [
-        "unknown key 'args' (known: command, cwd, env_passthrough, env)"
+        "unknown key 'args' (known: command, cwd, env_passthrough, env, configure)"
     ]
 
 
