@@ -1,7 +1,8 @@
 """Demo ACP agent built on the official Python SDK (``acp``).
 
 The host runs one instance per ACP connection as
-``AgentSideConnection(create_agent(), transport, listening=False, use_unstable_protocol=True)``.
+``AgentSideConnection(create_agent(context), transport, listening=False, use_unstable_protocol=True)``:
+the factory gets the connection's ``AgentContext`` (whom it serves), which ``whoami`` shows.
 Prompts are tiny text commands (``help`` lists them) meant to exercise every part of the
 protocol end to end: streaming, permissions, cancellation, tool calls and client fs access.
 
@@ -13,6 +14,7 @@ whatever methods exist, so unimplemented ones (e.g. ``session/set_config_option`
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -61,6 +63,9 @@ from acp.schema import (
     ToolCallUpdate,
 )
 
+from acp_channels.agents.stdio import CONNECTION_ENV, PRINCIPAL_ID_ENV, PRINCIPAL_KIND_ENV
+from acp_channels.identity import AgentContext, Principal
+
 __all__ = ["AGENT_NAME", "HELP_TEXT", "MODES", "DemoAgent", "DemoSession", "create_agent"]
 
 AGENT_NAME = "acp-channels-demo"
@@ -80,6 +85,7 @@ HELP_TEXT = "\n".join(
         "  fs_read <path>         read a file through the client (fs.readTextFile)",
         "  fs_write <path> <text> write a file through the client (fs.writeTextFile)",
         "  fail                   answer the prompt with a JSON-RPC error",
+        "  whoami                 whom this agent serves: principal, connection, transport, address",
         "  help                   show this text",
         "Anything else is echoed back as 'You said: <text>'.",
     ]
@@ -125,7 +131,8 @@ class _Turn:
 class DemoAgent:
     """Command-driven demo agent; one instance per ACP connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: AgentContext | None = None) -> None:
+        self.context = context  # None when run on its own (`python -m demo_project.agent`)
         self._conn: Client | None = None
         self._client_capabilities = ClientCapabilities()
         self._sessions: dict[str, DemoSession] = {}
@@ -289,11 +296,28 @@ class DemoAgent:
                 await self._fs_write(turn, rest)
             case "fail":
                 raise RequestError(-32603, "demo failure", {"details": "demo failure"})
+            case "whoami":
+                await self._say(turn, self._whoami())
             case "help":
                 await self._say(turn, HELP_TEXT)
             case _:
                 await self._say(turn, f"You said: {text}")
         return "end_turn"
+
+    def _whoami(self) -> str:
+        context = self.context
+        if context is not None:
+            remote = context.remote_address or "unknown"
+            return (
+                f"principal={context.principal} connection={context.connection_id} "
+                f"transport={context.transport} remote={remote}"
+            )
+        # A subprocess per connection learns whom it serves from its environment.
+        kind = os.environ.get(PRINCIPAL_KIND_ENV)
+        if kind is None:
+            return "principal=unknown (not started by acp_channels)"
+        principal = Principal(kind, os.environ.get(PRINCIPAL_ID_ENV, ""))
+        return f"principal={principal} connection={os.environ.get(CONNECTION_ENV, 'unknown')} transport=stdio"
 
     async def _stream(self, turn: _Turn, args: str) -> StopReason:
         try:
@@ -387,9 +411,10 @@ def _retrieve_outcome(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-def create_agent() -> DemoAgent:
-    """A fresh agent per ACP connection (sessions and client capabilities are per connection)."""
-    return DemoAgent()
+def create_agent(context: AgentContext | None = None) -> DemoAgent:
+    """A fresh agent per ACP connection (sessions and client capabilities are per connection);
+    acp_channels passes the connection's context by the parameter's name."""
+    return DemoAgent(context)
 
 
 def main() -> None:

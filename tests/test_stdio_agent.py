@@ -184,7 +184,9 @@ async def test_environment_is_an_allowlist_plus_extras(
     monkeypatch.setenv("SECRET_TOKEN", "must-not-leak")
     monkeypatch.setenv("LANG", "C.UTF-8")
     spec = {"command": COMMAND, "cwd": str(tmp_path), "env_passthrough": ["PATH"], "env": {"EXTRA": "1"}}
-    channel = StdioAgentChannel.from_setting(spec, "conn-env", shutdown_grace=GRACE, max_line_bytes=MiB)
+    channel = StdioAgentChannel.from_setting(
+        spec, AgentContext(ANONYMOUS, "conn-env", "http"), shutdown_grace=GRACE, max_line_bytes=MiB
+    )
     try:
         result = (await call(channel, rpc(1, "test/env")))["result"]
     finally:
@@ -195,7 +197,9 @@ async def test_environment_is_an_allowlist_plus_extras(
     assert "SECRET_TOKEN" not in env and "LANG" not in env and "HOME" not in env
     assert result["cwd"] == str(tmp_path)
 
-    default = StdioAgentChannel.from_setting({"command": COMMAND}, "conn-2", shutdown_grace=GRACE, max_line_bytes=MiB)
+    default = StdioAgentChannel.from_setting(
+        {"command": COMMAND}, AgentContext(ANONYMOUS, "conn-2", "http"), shutdown_grace=GRACE, max_line_bytes=MiB
+    )
     try:
         env = (await call(default, rpc(1, "test/env")))["result"]["env"]
     finally:
@@ -480,7 +484,7 @@ def test_setting_problems(tmp_path: Path) -> None:
         "'env' must be a dict of strings to strings",
     ]
     assert setting_problems({"command": ["python3"], "args": []}) == [
-        "unknown key 'args' (known: command, cwd, env_passthrough, env)"
+        "unknown key 'args' (known: command, cwd, env_passthrough, env, configure)"
     ]
 
 

@@ -5,8 +5,9 @@ routes: each client frame becomes one stdin line (its text as it came, so ids, b
 methods reach the agent byte for byte), and each stdout line becomes one frame, relayed unchanged.
 
 Process hygiene:
-- every agent runs in its own session and process group, with `ACP_CHANNELS_CONNECTION_ID` in its
-  environment; on Linux it also dies with the server thread that started it (PR_SET_PDEATHSIG);
+- every agent runs in its own session and process group, with `ACP_CHANNELS_CONNECTION_ID` (and,
+  started from the setting, `ACP_CHANNELS_PRINCIPAL_KIND`/`_ID`) in its environment; on Linux it
+  also dies with the server thread that started it (PR_SET_PDEATHSIG);
 - stopping it (close(), or its stdout ending): close stdin, wait `shutdown_grace` seconds, SIGTERM
   to the group, wait again, SIGKILL; asyncio reaps it, so no zombie is left; once the agent is
   gone, whatever is left of its group gets SIGTERM, then SIGKILL after the grace;
@@ -29,6 +30,7 @@ import atexit
 import contextlib
 import ctypes
 import functools
+import inspect
 import logging
 import os
 import shutil
@@ -43,12 +45,17 @@ from typing import Any, Final
 
 from acp_channels import protocol
 from acp_channels.agents import AgentClosed
+from acp_channels.identity import AgentContext
 from acp_channels.protocol import Frame, Malformed, Single
 
 logger = logging.getLogger("acp_channels.agent")
 
 #: Set in every agent's environment: the connection it serves (for its logs, and to find it).
 CONNECTION_ENV: Final = "ACP_CHANNELS_CONNECTION_ID"
+#: Set in the environment of every agent started from the setting: whom it serves, as the
+#: principal's kind and id (stable identifiers; the display name is neither unique nor safe).
+PRINCIPAL_KIND_ENV: Final = "ACP_CHANNELS_PRINCIPAL_KIND"
+PRINCIPAL_ID_ENV: Final = "ACP_CHANNELS_PRINCIPAL_ID"
 #: Variables passed through from the server's environment when the setting names none.
 DEFAULT_ENV_PASSTHROUGH: Final = (
     "PATH",
@@ -63,7 +70,9 @@ DEFAULT_ENV_PASSTHROUGH: Final = (
     "TMPDIR",
     "TZ",
 )
-SETTING_KEYS: Final = ("command", "cwd", "env_passthrough", "env")
+SETTING_KEYS: Final = ("command", "cwd", "env_passthrough", "env", "configure")
+#: What a `configure` callable may return, each replacing (`env`: merged over) the setting's.
+CONFIGURE_KEYS: Final = ("command", "cwd", "env")
 
 DEFAULT_SHUTDOWN_GRACE: Final = 2.0
 #: Agent output lines may exceed the body limit by this much (the JSON-RPC envelope of a reply).
@@ -75,6 +84,11 @@ STDERR_LINES_PER_SECOND: Final = 200  # beyond this, stderr lines are counted, n
 
 
 # -- the setting ------------------------------------------------------------------------------
+
+
+class AgentConfigurationError(Exception):
+    """The `configure` callable of a stdio agent failed or returned something unusable: the
+    connection is refused (nothing was started)."""
 
 
 def setting_problems(spec: Mapping[str, Any]) -> list[str]:
@@ -93,22 +107,94 @@ def setting_problems(spec: Mapping[str, Any]) -> list[str]:
     if not (isinstance(passthrough, list | tuple) and all(isinstance(name, str) for name in passthrough)):
         problems.append("'env_passthrough' must be a list of environment variable names")
     extra = spec.get("env", {})
-    if not (isinstance(extra, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items())):
+    if not _string_mapping(extra):
         problems.append("'env' must be a dict of strings to strings")
+    if spec.get("configure") is not None and (problem := configure_problem(spec["configure"])):
+        problems.append(problem)
     if program and not problems:
-        if resolve_program(program, cwd, agent_environment(spec, "")) is None:
+        if resolve_program(program, cwd, agent_environment(spec)) is None:
             where = "as a file" if os.sep in program else "on the agent's PATH"
             problems.append(f"the program {program!r} was not found {where} (or is not executable)")
     return problems
 
 
-def agent_environment(spec: Mapping[str, Any], connection_id: str) -> dict[str, str]:
-    """The agent's whole environment: the allowlisted server variables, then `env`, then ours."""
+def configure_problem(path: object) -> str | None:
+    """What is wrong with the `configure` key: it must name a sync callable taking the context."""
+    if not isinstance(path, str) or not path:
+        return f"'configure' must be the dotted path of a callable, not {path!r}"
+    from django.utils.module_loading import import_string
+
+    try:
+        configure = import_string(path)
+    except Exception as error:  # ImportError, or the module itself failing to import
+        return f"'configure' = {path!r} cannot be imported: {error}"
+    if not callable(configure):
+        return f"'configure' = {path!r} is not callable"
+    if inspect.iscoroutinefunction(configure):
+        return f"'configure' = {path!r} is async: it is called synchronously, as the connection is created"
+    try:
+        signature = inspect.signature(configure)
+    except (TypeError, ValueError):
+        return None  # no signature to read: trusted
+    try:
+        signature.bind(None)
+    except TypeError:
+        return f"'configure' = {path!r} must take exactly one argument, the connection's AgentContext"
+    return None
+
+
+def configured_setting(spec: Mapping[str, Any], context: AgentContext) -> dict[str, Any]:
+    """The command form for one connection: the setting with what its `configure` callable
+    returned for `context` laid over it (`command` and `cwd` replaced, `env` merged over).
+
+    AgentConfigurationError when `configure` raises or returns something that cannot be started
+    (checked as the setting is, program included), before any process exists.
+    """
+    setting = {key: value for key, value in spec.items() if key != "configure"}
+    path = spec.get("configure")
+    if path is None:
+        return setting
+    from django.utils.module_loading import import_string
+
+    where = f"the stdio agent's 'configure' {path!r}, for connection {context.connection_id} ({context.principal}),"
+    try:
+        configured = import_string(path)(context)
+    except Exception as error:
+        raise AgentConfigurationError(f"{where} failed: {error!r}") from error
+    if not isinstance(configured, Mapping):
+        raise AgentConfigurationError(
+            f"{where} returned {type(configured).__name__}, not a mapping of {', '.join(CONFIGURE_KEYS)}"
+        )
+    problems = [
+        f"unknown key {key!r} (known: {', '.join(CONFIGURE_KEYS)})" for key in configured if key not in CONFIGURE_KEYS
+    ]
+    env = configured.get("env", {})
+    if not _string_mapping(env):
+        problems.append("'env' must be a dict of strings to strings")
+    if not problems:
+        setting.update((key, configured[key]) for key in ("command", "cwd") if key in configured)
+        setting["env"] = {**(setting.get("env") or {}), **env}
+        problems = setting_problems(setting)
+    if problems:
+        raise AgentConfigurationError(f"{where} returned an unusable configuration: {'; '.join(problems)}")
+    return setting
+
+
+def agent_environment(spec: Mapping[str, Any], context: AgentContext | None = None) -> dict[str, str]:
+    """The agent's whole environment: the allowlisted server variables, then `env`, then ours
+    (the connection and its principal, last so that nothing configured can forge them)."""
     passthrough = spec.get("env_passthrough", DEFAULT_ENV_PASSTHROUGH)
     env = {name: os.environ[name] for name in passthrough if name in os.environ}
     env.update(spec.get("env") or {})
-    env[CONNECTION_ENV] = connection_id
+    if context is not None:
+        env[CONNECTION_ENV] = context.connection_id
+        env[PRINCIPAL_KIND_ENV] = context.principal.kind
+        env[PRINCIPAL_ID_ENV] = context.principal.id
     return env
+
+
+def _string_mapping(value: object) -> bool:
+    return isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
 def resolve_program(program: str, cwd: str | Path | None, env: Mapping[str, str]) -> str | None:
@@ -162,14 +248,16 @@ class StdioAgentChannel:
 
     @classmethod
     def from_setting(
-        cls, spec: Mapping[str, Any], connection_id: str, *, shutdown_grace: float, max_line_bytes: int
+        cls, spec: Mapping[str, Any], context: AgentContext, *, shutdown_grace: float, max_line_bytes: int
     ) -> StdioAgentChannel:
-        """A channel for the command form of `ACP_CHANNELS["AGENT"]`."""
+        """A channel for the command form of `ACP_CHANNELS["AGENT"]`, configured for `context`
+        (AgentConfigurationError, with nothing started, when its `configure` fails)."""
+        setting = configured_setting(spec, context)
         return cls(
-            spec["command"],
-            cwd=spec.get("cwd"),
-            env=agent_environment(spec, connection_id),
-            connection_id=connection_id,
+            setting["command"],
+            cwd=setting.get("cwd"),
+            env=agent_environment(setting, context),
+            connection_id=context.connection_id,
             shutdown_grace=shutdown_grace,
             max_line_bytes=max_line_bytes,
         )
