@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
-from acp_channels.agents import stdio
+from acp_channels.agents import factory_problem, stdio
 from acp_channels.conf import DEFAULTS, acp_settings
 from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS
 
@@ -56,8 +56,9 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 
 def _check_agent(path: Any) -> list[CheckMessage]:
     hint = (
-        'Set ACP_CHANNELS["AGENT"] to the dotted path of a callable returning an acp Agent, or to '
-        '{"command": [program, *args], "cwd": ..., "env_passthrough": [...], "env": {...}} for a stdio agent.'
+        'Set ACP_CHANNELS["AGENT"] to the dotted path of a callable returning an acp Agent (it may take the '
+        'connection\'s AgentContext), or to {"command": [program, *args], "cwd": ..., "env_passthrough": [...], '
+        '"env": {...}, "configure": "dotted.path"} for a stdio agent.'
     )
     if isinstance(path, Mapping):
         return [
@@ -72,8 +73,8 @@ def _check_agent(path: Any) -> list[CheckMessage]:
         return [
             Error(f"ACP_CHANNELS['AGENT'] = {path!r} cannot be imported: {error}", hint=hint, id="acp_channels.E001")
         ]
-    if not callable(factory):
-        return [Error(f"ACP_CHANNELS['AGENT'] = {path!r} is not callable.", hint=hint, id="acp_channels.E001")]
+    if (problem := factory_problem(factory)) is not None:
+        return [Error(f"ACP_CHANNELS['AGENT'] = {path!r} {problem}.", hint=hint, id="acp_channels.E001")]
     return []
 
 

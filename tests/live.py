@@ -407,10 +407,11 @@ class SseReader:
 
 @contextlib.asynccontextmanager
 async def open_sse(
-    client: httpx.AsyncClient, url: str, connection_id: str, session_id: str | None = None
+    client: httpx.AsyncClient, url: str, connection_id: str, session_id: str | None = None, **extra: str
 ) -> AsyncIterator[SseReader]:
-    """GET a stream, assert 200, and yield a reader; the response is closed on exit."""
-    headers = {**SSE, "Acp-Connection-Id": connection_id}
+    """GET a stream, assert 200, and yield a reader; the response is closed on exit. `extra`:
+    more request headers (credentials)."""
+    headers = {**SSE, **extra, "Acp-Connection-Id": connection_id}
     if session_id is not None:
         headers["Acp-Session-Id"] = session_id
     request = client.build_request("GET", url, headers=headers)

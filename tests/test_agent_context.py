@@ -4,8 +4,8 @@ working, and a stdio agent's `configure` callable shapes its command, directory 
 per connection (each principal its own workspace), refusing the connection cleanly when it fails.
 
 In process through the registry with explicit principals, and live over daphne. The live tests
-run once per entry of IDENTITIES: anonymous today; an authenticated identity is one more entry
-(server settings, request headers, the principal the agent must see).
+run once per entry of IDENTITIES: anonymous, and a bearer-token principal (server settings,
+request headers, the principal the agent must see).
 """
 
 from __future__ import annotations
@@ -410,7 +410,16 @@ class Identity:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-IDENTITIES = [Identity("anonymous", (ANONYMOUS.kind, ANONYMOUS.id))]
+IDENTITIES = [
+    Identity("anonymous", (ANONYMOUS.kind, ANONYMOUS.id)),
+    # The demo's shared bearer token (ACP_TOKEN): the principal is ("token", "team").
+    Identity(
+        "token",
+        ("token", "team"),
+        server_env={"ACP_TOKEN": "context-test-token"},
+        headers={"Authorization": "Bearer context-test-token"},
+    ),
+]
 
 
 @pytest.fixture(scope="module", params=IDENTITIES, ids=lambda identity: identity.name)
@@ -459,7 +468,6 @@ async def test_live_the_factory_gets_the_context(
     assert (context["transport"], tuple(context["principal"][:2])) == (transport, identity.principal)
 
 
-@pytest.mark.xfail(strict=True, reason="the edges pass the remote address with authentication (branch authcore)")
 @pytest.mark.parametrize("transport", ["http", "websocket"])
 async def test_live_the_factory_gets_the_remote_address(
     transport: str, http: httpx.AsyncClient, context_server: DaphneServer, identity: Identity
@@ -511,7 +519,7 @@ async def test_live_a_stdio_agent_runs_in_its_principals_workspace(
         response = await http.post(server.url, headers=headers, json=rpc(0, "initialize", {"protocolVersion": 1}))
         assert response.status_code == 200, response.text
         connection_id = response.headers["acp-connection-id"]
-        async with open_sse(http, server.url, connection_id) as stream:
+        async with open_sse(http, server.url, connection_id, **identity.headers) as stream:
             accepted = await post(http, server.url, rpc(1, "test/env"), connection_id, **identity.headers)
             assert accepted.status_code == 202
             reported = (await stream.next())["result"]
