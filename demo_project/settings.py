@@ -133,9 +133,18 @@ CORS_EXPOSE_HEADERS = [*ACP_EXPOSE_HEADERS]
 CORS_ALLOW_HEADERS = tuple(dict.fromkeys((*default_headers, *ACP_ALLOW_HEADERS)))
 CORS_ALLOW_METHODS = ("DELETE", "GET", "OPTIONS", "POST")
 
+# acp_channels logs through its own handler, whatever the server does with the root logger
+# (daphne configures one, uvicorn does not); not propagated, so each line is printed once.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"acp_channels": {"handlers": ["console"], "level": os.environ.get("ACP_LOG_LEVEL", "INFO")}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)-8s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "acp_channels": {
+            "handlers": ["console"],
+            "level": os.environ.get("ACP_LOG_LEVEL", "INFO"),
+            "propagate": False,
+        }
+    },
 }

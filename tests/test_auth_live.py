@@ -303,6 +303,8 @@ async def test_audit_lines_at_open_and_end(server: DaphneServer | Cluster, http:
     )
     for line in (opened, ended):
         assert not [token for token in ALL_TOKENS if token in line]
+    # Each event is logged once (not again by a propagating root handler).
+    assert sum(f"connection={connection_id} " in line for line in server.log) == 2
 
 
 # -- Django users by session cookie, and cross-site requests (CSRF) ----------------------------------
