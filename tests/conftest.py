@@ -7,6 +7,7 @@ import pytest
 
 from tests.cluster import Cluster, RedisServer
 from tests.live import DaphneServer
+from tests.peers.fakes import FakeAcp
 
 WIRE_ENV = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5"}
 #: Every live test runs against one daphne process, and again through three daphne workers
@@ -63,6 +64,13 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
     limits = httpx.Limits(max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(20.0), limits=limits) as client:
         yield client
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeAcp]:
+    """A fake ACP server (tests/peers/fakes.py) for one client test."""
+    async with FakeAcp() as server:
+        yield server
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,9 +4,7 @@ without a hang, and the token never shown (repr, error messages, a server that e
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,7 +22,7 @@ from acp_channels.client import (
     TransportClosedError,
     check_token,
 )
-from tests.peers.fakes import CONNECTION_ID, FakeAcp, Reply, Request, Stream
+from tests.peers.fakes import CONNECTION_ID, FakeAcp, Reply, Request, Stream, within
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -35,17 +33,6 @@ CHALLENGE = 'Bearer realm="acp", error="invalid_token"'
 
 def rpc(request_id: Any, method: str, params: Any = None) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
-
-
-async def within(awaitable: Any, seconds: float = 5.0) -> Any:
-    async with asyncio.timeout(seconds):
-        return await awaitable
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeAcp]:
-    async with FakeAcp() as server:
-        yield server
 
 
 def shows_no_secret(error: BaseException, *secrets: str) -> None:

@@ -28,7 +28,18 @@ from acp_channels.client import (
     TransportTimeoutError,
     WebSocketClosedError,
 )
-from tests.peers.fakes import CONNECTION_ID, Answer, Drop, FakeAcp, Hang, Reply, Request, Stream, sse
+from tests.peers.fakes import (
+    CONNECTION_ID,
+    Answer,
+    Drop,
+    FakeAcp,
+    Hang,
+    Reply,
+    Request,
+    Stream,
+    sse,
+    within,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,17 +59,6 @@ def note(method: str, params: Any = None) -> dict[str, Any]:
 
 def result(request_id: Any, value: Any) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "result": value}
-
-
-async def within(awaitable: Any, seconds: float = 5.0) -> Any:
-    async with asyncio.timeout(seconds):
-        return await awaitable
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeAcp]:
-    async with FakeAcp() as server:
-        yield server
 
 
 async def started(fake: FakeAcp, **options: Any) -> HttpClient:

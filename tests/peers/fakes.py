@@ -260,3 +260,9 @@ class FakeAcp(FakeServer):
         if self.on_call is not None:
             await self.on_call(request)
         return Reply(202)
+
+
+async def within(awaitable: Any, seconds: float = 5.0) -> Any:
+    """The awaitable's result, or TimeoutError: a client test never hangs on a fake."""
+    async with asyncio.timeout(seconds):
+        return await awaitable
