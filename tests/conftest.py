@@ -22,12 +22,15 @@ def redis_server() -> Iterator[RedisServer]:
     redis.stop()
 
 
-def _serve(shape: str, env: dict[str, str], request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
-    server: DaphneServer | Cluster
+def start_server(shape: str, env: dict[str, str], request: pytest.FixtureRequest) -> DaphneServer | Cluster:
+    """A started server of one SHAPES entry: one daphne, or three workers on Redis."""
     if shape == "one-worker":
-        server = DaphneServer(env=env).start()
-    else:
-        server = Cluster(request.getfixturevalue("redis_server"), env=env).start()
+        return DaphneServer(env=env).start()
+    return Cluster(request.getfixturevalue("redis_server"), env=env).start()
+
+
+def _serve(shape: str, env: dict[str, str], request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
+    server = start_server(shape, env, request)
     yield server
     server.stop()
 

@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests import auth_fixtures as tokens
 from tests.cluster import Cluster
-from tests.conftest import SHAPES
+from tests.conftest import SHAPES, start_server
 from tests.live import JSON, ROOT, SSE, DaphneServer, rpc
 
 QUOTA = 2
@@ -50,11 +50,7 @@ def bearer(token: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module", params=SHAPES)
 def server(request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
-    live: DaphneServer | Cluster
-    if request.param == "one-worker":
-        live = DaphneServer(env=AUTH_ENV).start()
-    else:
-        live = Cluster(request.getfixturevalue("redis_server"), env=AUTH_ENV).start()
+    live = start_server(request.param, AUTH_ENV, request)
     yield live
     live.stop()
     assert live.errors() == []
@@ -327,11 +323,7 @@ def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         check=True,
     )
     cookies: dict[str, str] = json.loads(prepared.stdout)
-    live: DaphneServer | Cluster
-    if request.param == "one-worker":
-        live = DaphneServer(env=env).start()
-    else:
-        live = Cluster(request.getfixturevalue("redis_server"), env=env).start()
+    live = start_server(request.param, env, request)
     yield SessionSite(live, cookies)
     live.stop()
     assert live.errors() == []

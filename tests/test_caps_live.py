@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.cluster import Cluster
-from tests.conftest import SHAPES
+from tests.conftest import SHAPES, start_server
 from tests.live import JSON, SSE, DaphneServer, SseReader, initialize, notification, open_sse, post, rpc
 from tests.test_wire_websocket import open_ws, receive, send
 
@@ -27,11 +27,7 @@ T = 10.0
 
 @pytest.fixture(scope="module", params=SHAPES)
 def caps_server(request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
-    server: DaphneServer | Cluster
-    if request.param == "one-worker":
-        server = DaphneServer(env=CAPS_ENV).start()
-    else:
-        server = Cluster(request.getfixturevalue("redis_server"), env=CAPS_ENV).start()
+    server = start_server(request.param, CAPS_ENV, request)
     yield server
     server.stop()
     assert server.errors() == []
