@@ -10,6 +10,7 @@ No Django here: a client needs only httpx, websockets and (for the terminal clie
 
 from __future__ import annotations
 
+from ._base import FrameValue, RawFrame
 from .errors import (
     AcpClientError,
     AuthenticationError,
@@ -31,10 +32,12 @@ __all__ = [
     "AcpClientError",
     "AuthenticationError",
     "ClientUsageError",
+    "FrameValue",
     "HttpClient",
     "HttpStatusError",
     "NetworkError",
     "ProtocolViolationError",
+    "RawFrame",
     "ReconnectPolicy",
     "StreamDrop",
     "StreamEndedError",

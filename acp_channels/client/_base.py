@@ -8,6 +8,7 @@ import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, TypeVar
 
 from acp_channels import protocol
@@ -15,7 +16,7 @@ from acp_channels.protocol import Batch, Malformed, MalformedEntry, Single
 
 from .errors import ClientUsageError, HttpStatusError, TransportClosedError, TransportError, status_error
 
-__all__ = ["FrameValue", "Inbox", "TransportBase", "frame_value_for_send", "received_value"]
+__all__ = ["FrameValue", "Inbox", "RawFrame", "TransportBase", "frame_value_for_send", "received", "received_value"]
 
 #: A JSON-RPC frame as Python values: one message (a dict) or a batch (a list).
 FrameValue: TypeAlias = dict[str, Any] | list[Any]
@@ -39,14 +40,27 @@ def credential_secrets(headers: Mapping[str, str], extra: Iterable[str] = ()) ->
     return tuple(sorted(found, key=len, reverse=True))
 
 
-def received_value(text: str) -> FrameValue:
-    """The frame a received text stands for. Malformed text is passed up as the error the
-    reference would answer it with: -32700 (with `data.line`) for bad JSON, -32600 otherwise."""
+def received(text: str) -> tuple[FrameValue, str | None]:
+    """The frame a received text stands for, and the text when it is that frame's exact form.
+    Malformed text is passed up as the error the reference would answer it with: -32700 (with
+    `data.line`) for bad JSON, -32600 otherwise (then there is no text to keep)."""
     frame = protocol.parse_frame(text)
     if isinstance(frame, Malformed):
-        return frame.error
+        return frame.error, None
     value: FrameValue = protocol.frame_value(frame)
-    return value
+    return value, text
+
+
+def received_value(text: str) -> FrameValue:
+    return received(text)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class RawFrame:
+    """A received frame with its text as it arrived (a relay forwards `text` unchanged)."""
+
+    value: FrameValue
+    text: str
 
 
 def frame_value_for_send(frame: Any) -> FrameValue:
@@ -84,9 +98,10 @@ class Inbox:
         self._error: TransportError | None = None
         self._error_raised = False
 
-    def put(self, value: FrameValue) -> None:
+    def put(self, value: FrameValue, text: str | None = None) -> None:
+        """Queue a received frame; `text` is its exact received form, when it has one."""
         if not self._ended:
-            self._queue.put_nowait(value)
+            self._queue.put_nowait((value, text))
 
     def end(self, error: TransportError | None = None) -> None:
         if not self._ended:
@@ -95,6 +110,17 @@ class Inbox:
             self._queue.put_nowait(_END)
 
     async def get_frame(self) -> FrameValue | None:
+        item = await self._next()
+        return None if item is None else item[0]
+
+    async def get_raw(self) -> RawFrame | None:
+        item = await self._next()
+        if item is None:
+            return None
+        value, text = item
+        return RawFrame(value, text if text is not None else protocol.dumps(value))
+
+    async def _next(self) -> tuple[FrameValue, str | None] | None:
         item = await self._queue.get()
         if item is _END:
             self._queue.put_nowait(_END)  # every later reader sees the end too
@@ -104,8 +130,8 @@ class Inbox:
                 self._error_raised = True
                 raise self._error
             raise TransportClosedError(f"transport failed: {self._error}") from self._error
-        value: FrameValue = item
-        return value
+        pair: tuple[FrameValue, str | None] = item
+        return pair
 
     async def get_message(self) -> dict[str, Any] | None:
         while not self._split:
@@ -168,6 +194,9 @@ class TransportBase:
 
     async def receive(self) -> dict[str, Any] | None:
         return await self._inbox.get_message()
+
+    async def receive_raw(self) -> RawFrame | None:
+        return await self._inbox.get_raw()
 
     async def _unless_failed(self, awaitable: Awaitable[T], *stops: asyncio.Event) -> T:
         """Await `awaitable` unless the transport fails (or one of `stops` is set) first; then

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from ._base import FrameValue
+from ._base import FrameValue, RawFrame
 from .errors import ClientUsageError, TransportError
 from .transport_http import HttpTransport, ReconnectPolicy
 from .transport_ws import WebSocketTransport
@@ -30,6 +30,7 @@ __all__ = [
     "HttpClient",
     "check_token",
     "resolve_endpoint",
+    "shown_url",
 ]
 
 DEFAULT_TIMEOUT = 30.0
@@ -60,6 +61,12 @@ def check_token(token: str, *, subprotocol: bool = False) -> None:
                 f"the token cannot travel as a WebSocket subprotocol: character {position} is one of "
                 "()<>@,;:\\\"/[]?={} (RFC 6455 allows letters, digits and !#$%&'*+-.^_`|~; base64url fits)"
             )
+
+
+def shown_url(url: str) -> str:
+    """`url` without a user:password part, for logs and reprs."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def resolve_endpoint(url: str, *, exact: bool = False) -> tuple[str, Literal["http", "ws"]]:
@@ -159,10 +166,8 @@ class HttpClient:
             )
 
     def __repr__(self) -> str:
-        # The URL without a user:password part; headers and token are never shown.
-        parts = urlsplit(self.url)
-        url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-        return f"HttpClient({url!r}, kind={self.kind!r}, connection_id={self.connection_id!r})"
+        # Headers and token are never shown.
+        return f"HttpClient({shown_url(self.url)!r}, kind={self.kind!r}, connection_id={self.connection_id!r})"
 
     @property
     def transport(self) -> HttpTransport | WebSocketTransport:
@@ -196,12 +201,15 @@ class HttpClient:
         """Open the WebSocket now (HTTP: nothing to do). The first send does it otherwise."""
         await self._transport.connect()
 
-    async def send(self, message: FrameValue) -> None:
+    async def send(self, message: FrameValue, *, raw: str | None = None) -> None:
         """Send one frame: a JSON-RPC message (dict) or a batch (list).
+
+        `raw`: the frame's exact JSON text, sent instead of serializing `message` (a relay keeps
+        bytes unchanged this way); `message` must be what `raw` parses to, as routing reads it.
 
         HTTP: returns once the server accepted the POST (2xx). Raises `ClientUsageError` for a
         frame the transport refuses (nothing sent) and a `TransportError` when it failed."""
-        await self._transport.send(message)
+        await self._transport.send(message, raw=raw)
 
     async def receive(self) -> dict[str, Any] | None:
         """The next message received (a batch is handed out entry by entry), or None once the
@@ -211,6 +219,11 @@ class HttpClient:
     async def receive_frame(self) -> FrameValue | None:
         """Like `receive`, but a batch comes as the list it arrived as."""
         return await self._transport.receive_frame()
+
+    async def receive_raw(self) -> RawFrame | None:
+        """Like `receive_frame`, with the frame's text as it arrived (`RawFrame.text`; for a
+        malformed frame, the JSON of the error object it became)."""
+        return await self._transport.receive_raw()
 
     async def close(self) -> None:
         """Finish sends under way, then DELETE the connection (HTTP) or close the socket (WS)."""

@@ -9,7 +9,8 @@ The order of things, as the Rust `HttpClient` does them:
 * Then the connection stream (GET, no session header) is opened, and every later call waits
   until its response headers arrived.
 * A message naming `params.sessionId` first opens that session's stream (and waits for it); a
-  reply to `session/new` or `session/fork` naming a session opens its stream at once.
+  reply naming a session (`result.sessionId`: `session/new`, `session/fork`, `session/resume`,
+  an extension method) opens its stream at once.
 * Call POSTs go one at a time in the order they were sent. Response-only POSTs use their own
   lane and may pass a call POST that is still pending. A response to an agent request that came
   on a session stream carries that `Acp-Session-Id` (the TS server requires it); responses to
@@ -38,7 +39,7 @@ import httpx
 from acp_channels import protocol
 from acp_channels.protocol import CONNECTION_HEADER, Batch, Frame, Malformed, Single
 
-from ._base import FrameValue, TransportBase, frame_value_for_send, received_value
+from ._base import FrameValue, TransportBase, frame_value_for_send, received
 from .errors import (
     ClientUsageError,
     HttpStatusError,
@@ -60,7 +61,6 @@ T = TypeVar("T")
 JSON: Final = "application/json"
 EVENT_STREAM: Final = "text/event-stream"
 LAST_EVENT_ID: Final = "Last-Event-ID"
-SESSION_CREATING_METHODS: Final = frozenset({"session/new", "session/fork"})
 _ERROR_BODY_LIMIT: Final = 2000
 
 
@@ -116,6 +116,11 @@ def _messages(frame: Frame) -> list[protocol.Message]:
     return protocol.frame_messages(frame)
 
 
+def _body(value: FrameValue, raw: str | None) -> bytes:
+    """The POST body: the caller's exact text when it gave one (a relay), else `value` as JSON."""
+    return (raw if raw is not None else protocol.dumps(value)).encode()
+
+
 class HttpTransport(TransportBase):
     """POST + SSE. Use it through `HttpClient`."""
 
@@ -155,7 +160,6 @@ class HttpTransport(TransportBase):
         self._initialized = False
         self._initializing = False
         self._streams: dict[str | None, _Stream] = {}
-        self._session_creators: collections.Counter[str] = collections.Counter()
         self._agent_request_routes: dict[str, collections.deque[str | None]] = {}
         self._closing = asyncio.Event()
         self._close_done = asyncio.Event()
@@ -179,14 +183,14 @@ class HttpTransport(TransportBase):
         """Nothing to do before the first POST (kept for symmetry with the WebSocket transport)."""
         self._raise_if_unusable()
 
-    async def send(self, frame: Any) -> None:
+    async def send(self, frame: Any, *, raw: str | None = None) -> None:
         value = frame_value_for_send(frame)
         self._raise_if_unusable()
         parsed = protocol.frame_from_value(value)
         if _response_only(value):
             if not self._initialized:
                 raise ClientUsageError("ACP HTTP transport: first message must be `initialize`")
-            await self._send_response(value)
+            await self._send_response(value, raw)
             return
         initialize = isinstance(parsed, Single) and protocol.initialize_entry(parsed) == 0
         sessions: list[str] = []
@@ -202,18 +206,17 @@ class HttpTransport(TransportBase):
             if initialize:
                 if self._initialized:
                     raise ClientUsageError("already initialized: `initialize` would open a second connection")
-                await self._initialize(value)
+                await self._initialize(value, raw)
                 return
             if not self._initialized:
                 raise ClientUsageError("ACP HTTP transport: the connection is not initialized")
             await self._wait_established(None)
             for session_id in sessions:
                 await self._wait_established(session_id)
-            self._track_calls(parsed)
             headers = self._post_headers()
             if isinstance(parsed, Single) and (header := protocol.message_session_id(parsed.message)) is not None:
                 headers["Acp-Session-Id"] = header
-            await self._post(value, headers, self._describe(parsed))
+            await self._post(value, headers, self._describe(parsed), raw)
 
     def _sessions_of(self, frame: Frame) -> list[str]:
         """Session ids the frame names, checking session methods have one (before any effect)."""
@@ -229,11 +232,6 @@ class HttpTransport(TransportBase):
                 sessions.append(session_id)
         return sessions
 
-    def _track_calls(self, frame: Frame) -> None:
-        for message in _messages(frame):
-            if message.get("method") in SESSION_CREATING_METHODS and message.get("id") is not None:
-                self._session_creators[protocol.id_key(message["id"])] += 1
-
     @staticmethod
     def _describe(frame: Frame) -> str:
         if isinstance(frame, Single) and "method" in frame.message:
@@ -242,7 +240,7 @@ class HttpTransport(TransportBase):
             return "POST batch"
         return "POST"
 
-    async def _send_response(self, value: FrameValue) -> None:
+    async def _send_response(self, value: FrameValue, raw: str | None) -> None:
         headers = self._post_headers()
         if isinstance(value, dict) and "id" in value:
             routes = self._agent_request_routes.get(protocol.id_key(value["id"]))
@@ -254,7 +252,7 @@ class HttpTransport(TransportBase):
                     headers["Acp-Session-Id"] = route
         async with self._response_lane:
             self._raise_if_failed()
-            await self._post(value, headers, "POST response")
+            await self._post(value, headers, "POST response", raw)
 
     def _post_headers(self) -> dict[str, str]:
         headers = {**self._headers, "Content-Type": JSON, "Accept": JSON}
@@ -262,8 +260,8 @@ class HttpTransport(TransportBase):
             headers["Acp-Connection-Id"] = self.connection_id
         return headers
 
-    async def _post(self, value: FrameValue, headers: dict[str, str], what: str) -> httpx.Response:
-        response = await self._exchange("POST", what, headers, protocol.dumps(value).encode())
+    async def _post(self, value: FrameValue, headers: dict[str, str], what: str, raw: str | None) -> httpx.Response:
+        response = await self._exchange("POST", what, headers, _body(value, raw))
         logger.debug("%s: HTTP %d", what, response.status_code)
         if not _is_2xx(response):
             raise self._fail(self._response_error(what, response, response.text))
@@ -287,12 +285,12 @@ class HttpTransport(TransportBase):
 
     # ------------------------------------------------------------------------------ initialize
 
-    async def _initialize(self, value: FrameValue) -> None:
+    async def _initialize(self, value: FrameValue, raw: str | None) -> None:
         assert isinstance(value, dict)
         self._initializing = True
         try:
             headers = {**self._headers, "Content-Type": JSON, "Accept": JSON}
-            response = await self._exchange("POST", "initialize", headers, protocol.dumps(value).encode())
+            response = await self._exchange("POST", "initialize", headers, _body(value, raw))
             logger.debug("POST initialize: HTTP %d", response.status_code)
             connection_id = protocol.header_value(response.headers.get_list(CONNECTION_HEADER)) or None
             if connection_id is not None:
@@ -313,12 +311,12 @@ class HttpTransport(TransportBase):
                 if connection_id is not None:
                     await self._delete(connection_id)
                     self.connection_id = None
-                self._inbox.put(reply)
+                self._inbox.put(reply, response.text)
                 return
             if connection_id is None:
                 raise self._fail(ProtocolViolationError("server did not return acp-connection-id header"))
             self._initialized = True
-            self._inbox.put(reply)
+            self._inbox.put(reply, response.text)
             await self._wait_established(None)
         finally:
             self._initializing = False
@@ -413,23 +411,16 @@ class HttpTransport(TransportBase):
             await response.aclose()
 
     def _deliver(self, text: str, session_id: str | None) -> None:
-        value = received_value(text)
+        value, exact = received(text)
         for message in _messages(protocol.frame_from_value(value)):
             request_id = message.get("id")
             if "method" in message:
                 if request_id is not None:
                     key = protocol.id_key(request_id)
                     self._agent_request_routes.setdefault(key, collections.deque()).append(session_id)
-            elif request_id is not None:
-                key = protocol.id_key(request_id)
-                if self._session_creators[key] > 0:
-                    self._session_creators[key] -= 1
-                    if not self._session_creators[key]:
-                        del self._session_creators[key]
-                    result = message.get("result")
-                    if isinstance(result, dict) and isinstance(result.get("sessionId"), str):
-                        self._open_stream(result["sessionId"])
-        self._inbox.put(value)
+            elif isinstance(result := message.get("result"), dict) and isinstance(result.get("sessionId"), str):
+                self._open_stream(result["sessionId"])  # the session's updates flow from now on
+        self._inbox.put(value, exact)
 
     # ------------------------------------------------------------------------------- the end
 

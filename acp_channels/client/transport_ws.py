@@ -24,7 +24,7 @@ from websockets.typing import Subprotocol
 from acp_channels import protocol
 from acp_channels.protocol import CONNECTION_HEADER
 
-from ._base import TransportBase, frame_value_for_send, received_value
+from ._base import TransportBase, frame_value_for_send, received
 from .errors import (
     NetworkError,
     TransportClosedError,
@@ -117,14 +117,14 @@ class WebSocketTransport(TransportBase):
             self._socket = socket
             self._reader = asyncio.create_task(self._read(socket), name="acp-client websocket reader")
 
-    async def send(self, frame: Any) -> None:
+    async def send(self, frame: Any, *, raw: str | None = None) -> None:
         value = frame_value_for_send(frame)
         self._raise_if_unusable()
         await self.connect()
         socket = self._socket
         assert socket is not None
         try:
-            await self._unless_failed(socket.send(protocol.dumps(value)))
+            await self._unless_failed(socket.send(raw if raw is not None else protocol.dumps(value)))
             if logger.isEnabledFor(logging.DEBUG):
                 what = value.get("method", "response") if isinstance(value, dict) else "batch"
                 logger.debug("sent %s", what)
@@ -136,7 +136,7 @@ class WebSocketTransport(TransportBase):
             while True:
                 message = await socket.recv()
                 if isinstance(message, str):
-                    self._inbox.put(received_value(message))
+                    self._inbox.put(*received(message))
                 # Binary messages carry nothing in ACP: ignored, as the reference does.
         except ConnectionClosed as exc:
             if not self._close_started:
