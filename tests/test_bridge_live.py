@@ -95,6 +95,28 @@ async def test_a_session_then_stdin_eof_closes_the_connection(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_both_kinds_of_cancel_pass_through(
+    demo_server: DaphneServer | Cluster, transport: str, tmp_path: Path
+) -> None:
+    """`session/cancel` ends a turn (stopReason cancelled); `$/cancel_request` cancels the request
+    it names (-32800), as a connection-level notification."""
+    async with BridgeProcess(endpoint(demo_server, transport)) as bridge:
+        await bridge.initialize()
+        session_id = await bridge.new_session(str(tmp_path))
+        prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": "wait_for_cancel"}]}
+
+        turn = await bridge.request("session/prompt", prompt)
+        await bridge.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}})
+        assert (await bridge.reply_to(turn, collect=[]))["result"] == {"stopReason": "cancelled"}
+
+        turn = await bridge.request("session/prompt", prompt)
+        await bridge.send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": turn}})
+        assert (await bridge.reply_to(turn, collect=[]))["error"]["code"] == -32800
+        await bridge.close_stdin()
+        assert await bridge.wait() == 0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_stdin_eof_waits_for_the_answers_still_pending(
     demo_server: DaphneServer | Cluster, transport: str
 ) -> None:
