@@ -448,3 +448,17 @@ async def post(
         all_headers["Acp-Session-Id"] = session_id
     content = body if isinstance(body, str | bytes) else json.dumps(body)
     return await client.post(url, headers=all_headers, content=content)
+
+
+async def wait_for_line(server: Any, pattern: str, timeout: float = 10.0) -> str:
+    """The first line of `server.log` matching `pattern` (polled: the log is another process's
+    output, read by a thread)."""
+    compiled = re.compile(pattern)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        for line in list(server.log):
+            if compiled.search(line):
+                return line
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no log line matches {pattern!r}")

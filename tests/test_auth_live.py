@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests import auth_fixtures as tokens
 from tests.cluster import Cluster
 from tests.conftest import SHAPES, start_server
-from tests.live import JSON, ROOT, SSE, DaphneServer, rpc
+from tests.live import JSON, ROOT, SSE, DaphneServer, rpc, wait_for_line
 
 QUOTA = 2
 AUTH_ENV = {
@@ -255,19 +255,6 @@ async def test_connections_per_principal_quota(server: DaphneServer | Cluster, h
 
 
 # -- audit -----------------------------------------------------------------------------------------
-
-
-async def wait_for_line(server: DaphneServer | Cluster, pattern: str, timeout: float = 10.0) -> str:
-    """The first log line matching `pattern` (polled: the log is another process's output)."""
-    compiled = re.compile(pattern)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        for line in list(server.log):
-            if compiled.search(line):
-                return line
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no log line matches {pattern!r}")
 
 
 async def test_audit_lines_at_open_and_end(server: DaphneServer | Cluster, http: httpx.AsyncClient) -> None:
