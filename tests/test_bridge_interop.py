@@ -10,21 +10,20 @@ drivers themselves, independent of the bridge."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from tests.cluster import Cluster
-from tests.live import ROOT, DaphneServer
+from tests.live import ROOT, DaphneServer, wait_for_line
 from tests.peers.fixtures import ts_server
 from tests.peers.process import PeerServer
 
@@ -105,14 +104,16 @@ def bridge_connection_id(run: DriverRun) -> str:
     return match.group(1)
 
 
-def wait_until(predicate: Callable[[], bool], seconds: float = 10.0) -> bool:
-    """Poll `predicate` (it reads another process's log: there is no event to await)."""
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+@dataclass
+class LogSince:
+    """The lines a server logged since `start`, read live (for wait_for_line)."""
+
+    server: DaphneServer | Cluster | PeerServer
+    start: int
+
+    @property
+    def log(self) -> list[str]:
+        return self.server.log[self.start :]
 
 
 @pytest.mark.parametrize("client", ["typescript", "python"])
@@ -122,22 +123,19 @@ def test_drivers_with_the_demo_agent_directly(client: str) -> None:
 
 @pytest.mark.parametrize("transport", ["http", "ws"])
 @pytest.mark.parametrize("client", ["typescript", "python"])
-def test_bridge_to_our_server(client: str, transport: str, demo_server: DaphneServer | Cluster) -> None:
-    start = len(demo_server.log)
-    run = run_driver(client, bridge(demo_server.url if transport == "http" else demo_server.ws_url))
+async def test_bridge_to_our_server(client: str, transport: str, demo_server: DaphneServer | Cluster) -> None:
+    since = LogSince(demo_server, len(demo_server.log))
+    url = demo_server.url if transport == "http" else demo_server.ws_url
+    run = await asyncio.to_thread(run_driver, client, bridge(url))
     assert_scenario(run, client)
     connection_id = bridge_connection_id(run)
 
     # The server's audit lines: the bridge opened exactly one connection, and it has ended as
     # the transport ends one (DELETE / socket close), so none is left.
     reason = "delete" if transport == "http" else "socket closed"
-    ended = re.compile(rf"connection ended .*connection={re.escape(connection_id)} .*reason={reason}$")
-    assert wait_until(lambda: any(ended.search(line.rstrip()) for line in demo_server.log[start:])), (
-        f"no 'connection ended ... reason={reason}' line for {connection_id}:\n" + "".join(demo_server.log[start:])
-    )
-    window = demo_server.log[start:]
-    assert [m.group(1) for line in window if (m := OPENED.search(line))] == [connection_id]
-    assert DaphneServer(log=window).errors() == []
+    await wait_for_line(since, rf"connection ended .*connection={re.escape(connection_id)} .*reason={reason}$")
+    assert [m.group(1) for line in since.log if (m := OPENED.search(line))] == [connection_id]
+    assert DaphneServer(log=since.log).errors() == []
 
 
 def ts_connections(log: list[str]) -> list[int]:
@@ -146,17 +144,14 @@ def ts_connections(log: list[str]) -> list[int]:
 
 @pytest.mark.parametrize("transport", ["http", "ws"])
 @pytest.mark.parametrize("client", ["typescript", "python"])
-def test_bridge_to_the_typescript_sdk_server(client: str, transport: str, ts_server: PeerServer) -> None:
-    start = len(ts_server.log)
+async def test_bridge_to_the_typescript_sdk_server(client: str, transport: str, ts_server: PeerServer) -> None:
+    since = LogSince(ts_server, len(ts_server.log))
     before = (ts_connections(ts_server.log) or [0])[-1]
-    run = run_driver(client, bridge(f"{transport}://127.0.0.1:{ts_server.port}/acp"))
+    run = await asyncio.to_thread(run_driver, client, bridge(f"{transport}://127.0.0.1:{ts_server.port}/acp"))
     assert_scenario(run, client)
     bridge_connection_id(run)
 
     # The server counts its open connections (server.mjs): one more while the bridge ran, and
     # back to where it was once the bridge closed it.
-    def counts() -> list[int]:
-        return ts_connections(ts_server.log[start:])
-
-    assert wait_until(lambda: counts()[-1:] == [before]), f"open connections {counts()}, expected back to {before}"
-    assert counts() == [before + 1, before]
+    await wait_for_line(since, rf"^CONNECTIONS {before}$")
+    assert ts_connections(since.log) == [before + 1, before]
