@@ -1,14 +1,18 @@
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
 from tests.cluster import Cluster, RedisServer
-from tests.live import DaphneServer
+from tests.live import ROOT, DaphneServer
 from tests.peers.fakes import FakeAcp
 
+CLAUDE_CODE_ACP = ROOT / "tests" / "agents" / "node_modules" / "@zed-industries" / "claude-code-acp"
 WIRE_ENV = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5"}
 #: Every live test runs against one daphne process, and again through three daphne workers
 #: sharing Redis behind a round-robin balancer (no sticky sessions).
@@ -85,3 +89,21 @@ def no_agent_process_left() -> Iterator[None]:
     yield
     left = leftover_agents()
     assert not left, f"agent processes still running after the tests: {left}"
+
+
+@pytest.fixture(scope="module")
+def claude_server() -> Iterator[DaphneServer]:
+    """A published third-party agent, @zed-industries/claude-code-acp (pinned in tests/agents),
+    as each connection's stdio subprocess behind one daphne."""
+    if shutil.which("node") is None or not (CLAUDE_CODE_ACP / "dist" / "index.js").exists():
+        pytest.fail("needs node and `npm ci` in tests/agents (./dev.sh test does it)")
+    home = tempfile.mkdtemp(prefix="acp-claude-home-")
+    agent = {
+        "command": ["node", str(CLAUDE_CODE_ACP / "dist" / "index.js")],
+        # A home of its own (it writes ~/.claude*), and no update checks or telemetry: offline.
+        "env": {"HOME": home, "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
+    }
+    server = DaphneServer(env={"ACP_AGENT": json.dumps(agent), "ACP_AGENT_SHUTDOWN_GRACE": "0.5"}).start()
+    yield server
+    server.stop()
+    shutil.rmtree(home, ignore_errors=True)

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,7 +34,6 @@ pytestmark = pytest.mark.skipif(not supported(), reason="process checks read /pr
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT_AGENT = [sys.executable, str(ROOT / "tests" / "stdio_script_agent.py")]
-CLAUDE_CODE_ACP = ROOT / "tests" / "agents" / "node_modules" / "@zed-industries" / "claude-code-acp"
 GRACE = "0.3"
 
 
@@ -116,22 +113,6 @@ def test_official_clients_drive_the_demo_agent_as_a_subprocess(
 
 
 # -- a published third-party agent -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def claude_server() -> Iterator[DaphneServer]:
-    if shutil.which("node") is None or not (CLAUDE_CODE_ACP / "dist" / "index.js").exists():
-        pytest.fail("needs node and `npm ci` in tests/agents (./dev.sh test does it)")
-    home = tempfile.mkdtemp(prefix="acp-claude-home-")
-    agent = {
-        "command": ["node", str(CLAUDE_CODE_ACP / "dist" / "index.js")],
-        # A home of its own (it writes ~/.claude*), and no update checks or telemetry: offline.
-        "env": {"HOME": home, "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
-    }
-    server = DaphneServer(env={"ACP_AGENT": json.dumps(agent), "ACP_AGENT_SHUTDOWN_GRACE": "0.5"}).start()
-    yield server
-    server.stop()
-    shutil.rmtree(home, ignore_errors=True)
 
 
 class QuietClient:

@@ -10,6 +10,7 @@ import sys
 
 from acp_channels.client import ClientUsageError
 from acp_channels.client.cli import ConnectionOptions, add_connection_arguments, connection_options
+from acp_channels.client.http_client import shown_url
 
 from .relay import Bridge, BridgeEnd
 from .stdio import StdinLines, StdoutLines
@@ -84,7 +85,7 @@ async def _serve(options: ConnectionOptions, max_message_size: int, drain_timeou
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, bridge.interrupt, signum)
     shape = "HTTP+SSE" if client.kind == "http" else "WebSocket"
-    logger.info("relaying stdio to %s (%s)", options.shown_url, shape)
+    logger.info("relaying stdio to %s (%s)", shown_url(client.url), shape)
     try:
         end = await bridge.run()
     finally:

@@ -293,7 +293,9 @@ class Bridge:
                 return
             if raw is None:
                 return  # closed by us
-            self._connected = True
+            if not self._connected:
+                self._connected = True
+                logger.info("connected: connection %s", self.client.connection_id or "(the server named none)")
             for request_id in _responses(raw.value):
                 self._pending.answered(request_id)
             await self._write(_one_line(raw.text))

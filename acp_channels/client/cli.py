@@ -7,7 +7,7 @@ import argparse
 import ipaddress
 import os
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from .errors import ClientUsageError
 from .http_client import DEFAULT_TIMEOUT, HttpClient, check_token, resolve_endpoint
@@ -73,12 +73,6 @@ class ConnectionOptions:
             timeout=self.timeout,
             **options,  # type: ignore[arg-type]
         )
-
-    @property
-    def shown_url(self) -> str:
-        """The URL without a user:password part, for logs."""
-        parts = urlsplit(self.url)
-        return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _is_loopback(host: str) -> bool:

@@ -30,6 +30,7 @@ __all__ = [
     "HttpClient",
     "check_token",
     "resolve_endpoint",
+    "shown_url",
 ]
 
 DEFAULT_TIMEOUT = 30.0
@@ -60,6 +61,12 @@ def check_token(token: str, *, subprotocol: bool = False) -> None:
                 f"the token cannot travel as a WebSocket subprotocol: character {position} is one of "
                 "()<>@,;:\\\"/[]?={} (RFC 6455 allows letters, digits and !#$%&'*+-.^_`|~; base64url fits)"
             )
+
+
+def shown_url(url: str) -> str:
+    """`url` without a user:password part, for logs and reprs."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def resolve_endpoint(url: str, *, exact: bool = False) -> tuple[str, Literal["http", "ws"]]:
@@ -159,10 +166,8 @@ class HttpClient:
             )
 
     def __repr__(self) -> str:
-        # The URL without a user:password part; headers and token are never shown.
-        parts = urlsplit(self.url)
-        url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-        return f"HttpClient({url!r}, kind={self.kind!r}, connection_id={self.connection_id!r})"
+        # Headers and token are never shown.
+        return f"HttpClient({shown_url(self.url)!r}, kind={self.kind!r}, connection_id={self.connection_id!r})"
 
     @property
     def transport(self) -> HttpTransport | WebSocketTransport:
