@@ -1,8 +1,8 @@
 """What the stdio bridge costs: the same client driving the demo agent directly (HttpClient) and
 through `python -m acp_channels.bridge URL` (newline-delimited JSON-RPC on its stdin/stdout).
 
-    .venv/bin/python -m bench.bridge            # about 2 minutes -> bench/bridge.json, bench/BRIDGE.md
-    .venv/bin/python -m bench.bridge --quick    # one repetition, fewer turns (under a minute)
+    .venv/bin/python -m bench.bridge            # 1.5-2.5 minutes -> bench/bridge.json, bench/BRIDGE.md
+    .venv/bin/python -m bench.bridge --quick    # one repetition, 300 echo turns (20-35 s)
     .venv/bin/python -m bench.bridge --report   # re-render BRIDGE.md from bridge.json
 
 One daphne serving demo_project.asgi:application on loopback, pinned to CPU 0. This process (the
