@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests import auth_fixtures as tokens
 from tests.cluster import Cluster
 from tests.conftest import SHAPES, start_server
-from tests.live import JSON, DaphneServer, rpc, wait_for_line
+from tests.live import JSON, DaphneServer, UvicornServer, rpc, wait_for_line
 from tests.test_auth_live import AUTH_ENV, bearer
 
 #: The wire server's tests: no traceback and no 500 in its log meanwhile.
@@ -56,12 +56,19 @@ def guarded(request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
     assert server.errors() == []
 
 
-def on_worker(server: DaphneServer | Cluster, index: int) -> str:
+def on_worker(server: DaphneServer | Cluster | UvicornServer, index: int) -> str:
     """The WebSocket URL of one worker of a cluster, past the balancer (so a test knows which
     worker a socket lands on); the server's own URL for a single worker."""
     if isinstance(server, Cluster):
         return server.workers[index % len(server.workers)].ws_url
     return server.ws_url
+
+
+@pytest.fixture(scope="module")
+def uvicorn_server() -> Iterator[UvicornServer]:
+    server = UvicornServer(env={"ACP_AGENT": "tests.wire_agent.create"}).start()
+    yield server
+    server.stop()
 
 
 # -- a client that counts ------------------------------------------------------------------------
@@ -155,7 +162,7 @@ async def closed_with(ws: ClientConnection) -> tuple[int, str]:
     return closed.value.rcvd.code, closed.value.rcvd.reason
 
 
-async def ended(server: DaphneServer | Cluster, connection_id: str) -> str:
+async def ended(server: DaphneServer | Cluster | UvicornServer, connection_id: str) -> str:
     """The audit line of the connection's end."""
     return await wait_for_line(server, rf"connection ended .*connection={re.escape(connection_id)} ")
 
@@ -170,21 +177,19 @@ async def post_status(http: httpx.AsyncClient, url: str, connection_id: str, hea
 # -- reattaching -------------------------------------------------------------------------------
 
 
-@wire_log_clean
-async def test_a_dropped_socket_reattaches_and_gets_every_message_once_in_order(
-    wire_server: DaphneServer | Cluster,
-) -> None:
-    ws = await open_socket(on_worker(wire_server, 0))  # on three workers: hosted by the first
+async def burst_across_drops(server: DaphneServer | Cluster | UvicornServer) -> None:
+    """A burst read over three sockets, the first two dropped mid-way: every item once, in order."""
+    ws = await open_socket(on_worker(server, 0))  # on three workers: hosted by the first
     connection_id = connection_of(ws)
     await send(ws, rpc(1, "test/burst", {"count": 3000}))
     seen = [item_number(await receive(ws)) for _ in range(700)]
     await drop(ws)  # mid-burst: the agent goes on, the server keeps the rest
-    ws, acknowledged = await reattach(on_worker(wire_server, 1), connection_id, len(seen))
+    ws, acknowledged = await reattach(on_worker(server, 1), connection_id, len(seen))
     assert acknowledged == 1  # the burst request
     # Dropped again, on a worker that is not the host, and reattached on a third one.
     seen += [item_number(await receive(ws)) for _ in range(700)]
     await drop(ws)
-    ws, acknowledged = await reattach(on_worker(wire_server, 2), connection_id, len(seen))
+    ws, acknowledged = await reattach(on_worker(server, 2), connection_id, len(seen))
     assert acknowledged == 1
     try:
         seen += await items_until_reply(ws, 1)
@@ -193,6 +198,24 @@ async def test_a_dropped_socket_reattaches_and_gets_every_message_once_in_order(
         assert (await receive(ws))["id"] == 2
     finally:
         await ws.close()
+
+
+@wire_log_clean
+async def test_a_dropped_socket_reattaches_and_gets_every_message_once_in_order(
+    wire_server: DaphneServer | Cluster,
+) -> None:
+    await burst_across_drops(wire_server)
+
+
+async def test_under_uvicorn_too(uvicorn_server: UvicornServer) -> None:
+    """uvicorn reports a lost connection as 1005, and answers refusals itself (the ASGI
+    denial-response extension)."""
+    await burst_across_drops(uvicorn_server)
+    ws = await open_socket(uvicorn_server.ws_url)
+    connection_id = connection_of(ws)
+    await ws.close()
+    await ended(uvicorn_server, connection_id)
+    assert await refused_reattach(uvicorn_server.ws_url, connection_id, "0") == (404, "")
 
 
 @wire_log_clean
