@@ -42,10 +42,11 @@ TAKEN_OVER_REASON = "another socket resumed this connection"
 #: A refused reattach where the server cannot answer an upgrade with an HTTP status (no ASGI
 #: denial-response extension): accepted, then closed with 4000 + the status, the text as reason.
 REFUSAL_CLOSE_BASE = 4000
-#: A close frame with 1000: the client is done, the connection ends now. Any other end of the
-#: socket starts the grace period, a close frame without a code too: uvicorn reports a lost
-#: connection as 1005 ("no status"), the code of such a frame.
-CLEAN_CLOSE: Final = 1000
+#: The client closed on purpose: a close frame with 1000, or without a code (daphne reports no
+#: code; the official TypeScript client closes so). The connection ends now. Any other end of the
+#: socket starts the grace period, uvicorn's 1005 too: it reports a lost connection as 1005 ("no
+#: status"), the code it also gives a close frame without a code.
+CLEAN_CLOSE_CODES: Final = frozenset((1000, None))
 #: The ASGI extension for answering an upgrade with an HTTP response (daphne through
 #: acp_channels.daphne_compat, uvicorn).
 DENIAL_EXTENSION: Final = "websocket.http.response"
@@ -270,7 +271,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if self.writer is not None:
             self.writer.cancel()
         if self.socket is not None:
-            clean = code == CLEAN_CLOSE or not acp_settings.WEBSOCKET_RESUME_SECONDS
+            clean = code in CLEAN_CLOSE_CODES or not acp_settings.WEBSOCKET_RESUME_SECONDS
             await self.socket.detach("socket closed" if clean else None)
 
 

@@ -302,12 +302,15 @@ async def test_initialize_over_websocket_advertises_resumption(wire_server: Daph
 
 
 @wire_log_clean
-async def test_a_clean_close_ends_the_connection_at_once(
-    wire_server: DaphneServer | Cluster, http: httpx.AsyncClient
+@pytest.mark.parametrize("code", [1000, None], ids=["1000", "no-code"])
+async def test_a_close_on_purpose_ends_the_connection_at_once(
+    wire_server: DaphneServer | Cluster, http: httpx.AsyncClient, code: int | None
 ) -> None:
+    """1000, or a close frame without a code (as the official TypeScript client sends): the
+    client is done, the grace period (60 s) does not apply."""
     ws = await open_socket(wire_server.ws_url)
     connection_id = connection_of(ws)
-    await ws.close()  # 1000: the client is done (the grace period, 60 s, does not apply)
+    await ws.close(code=code)  # type: ignore[arg-type]  # None: a close frame without a code
     assert (await ended(wire_server, connection_id)).rstrip().endswith("reason=socket closed")
     assert await post_status(http, wire_server.url, connection_id, {}) == 404
     assert await refused_reattach(wire_server.ws_url, connection_id, "0") == (404, "")
