@@ -78,13 +78,13 @@ class StreamCheck:
             raise ProtocolError("; ".join(self.errors[:5]))
 
 
-async def run_stream(client: AcpClient, count: int, timeout: float = 120.0) -> dict[str, float]:
-    """One prompt streaming `count` chunks; messages/s from the prompt to its reply."""
+async def run_stream(client: AcpClient, count: int, timeout: float = 120.0, size: int = CHUNK) -> dict[str, float]:
+    """One prompt streaming `count` chunks of `size` characters; messages/s from the prompt to its reply."""
     prompt_id = client.next_id()
-    check = StreamCheck(client, prompt_id, count)
+    check = StreamCheck(client, prompt_id, count, size)
     client.sink = check
     started = time.perf_counter()
-    await client.send(client.prompt(prompt_id, f"stream {count} {CHUNK}"), client.session_id)
+    await client.send(client.prompt(prompt_id, f"stream {count} {size}"), client.session_id)
     ended = await wait(client, check.done, timeout, "prompt reply")
     check.check()
     seconds = ended - started

@@ -98,8 +98,12 @@ def daphne(name: str, app: str, env: dict[str, str] | None = None) -> Proc:
     )
 
 
-def uvicorn(name: str, app: str) -> Proc:
-    return Proc(name, [sys.executable, "-m", "bench.serve_uvicorn", app], LISTENING)
+def uvicorn(name: str, app: str, env: dict[str, str] | None = None) -> Proc:
+    return Proc(name, [sys.executable, "-m", "bench.serve_uvicorn", app], LISTENING, dict(env or {}))
+
+
+#: The replay window off (docs/resumable-streams.md): event ids stay, nothing is kept once sent.
+NO_WINDOW = {"ACP_REPLAY_WINDOW_EVENTS": "0", "ACP_REPLAY_WINDOW_BYTES": "0"}
 
 
 class Server:
@@ -168,6 +172,47 @@ class OursUvicorn(Server):
     def __init__(self) -> None:
         super().__init__()
         self.procs = [uvicorn("uvicorn", "demo_project.asgi:application")]
+
+
+class OursDaphneNoWindow(Server):
+    """Experiment (not in the default run): SSE ids on every event, no replay window
+    (`python -m bench.resume_cost`)."""
+
+    key, label = "ours-daphne-nowindow", "ours, daphne, ids but no replay window (experiment)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.procs = [daphne("daphne", "demo_project.asgi:application", NO_WINDOW)]
+
+
+class OursDaphneNoIds(Server):
+    """Experiment (not in the default run): see bench/asgi_no_ids.py."""
+
+    key, label = "ours-daphne-noids", "ours, daphne, no SSE ids and no replay window (experiment)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.procs = [daphne("daphne", "bench.asgi_no_ids:application", NO_WINDOW)]
+
+
+class OursUvicornNoWindow(Server):
+    """Experiment (not in the default run): as ours-daphne-nowindow, under uvicorn."""
+
+    key, label = "ours-uvicorn-nowindow", "ours, uvicorn, ids but no replay window (experiment)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.procs = [uvicorn("uvicorn", "demo_project.asgi:application", NO_WINDOW)]
+
+
+class OursUvicornNoIds(Server):
+    """Experiment (not in the default run): as ours-daphne-noids, under uvicorn."""
+
+    key, label = "ours-uvicorn-noids", "ours, uvicorn, no SSE ids and no replay window (experiment)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.procs = [uvicorn("uvicorn", "bench.asgi_no_ids:application", NO_WINDOW)]
 
 
 class PySdkUvicorn(Server):
@@ -275,7 +320,8 @@ class ClusterWsNoLayer(Cluster):
 
 SERVERS: dict[str, type[Server]] = {
     cls.key: cls for cls in (OursDaphne, OursUvicorn, Cluster, TsSdk, PySdkUvicorn, PySdkDaphne, OursDaphneNoDbSignals,
-                           OursDaphneLean, ClusterPatient, ClusterWsNoLayer)
+                           OursDaphneLean, ClusterPatient, ClusterWsNoLayer, OursDaphneNoWindow, OursDaphneNoIds,
+                           OursUvicornNoWindow, OursUvicornNoIds)
 }
 
 

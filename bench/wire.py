@@ -120,7 +120,8 @@ class HttpConnection:
 class SseStream(asyncio.Protocol):
     """A GET whose response is an SSE stream: each event's data goes to `on_event` as bytes.
 
-    Only `data:` lines count (comments, `id:`, `event:` are skipped), as ACP clients do.
+    Only `data:` lines count (comments, `id:`, `event:` are skipped), as ACP clients do. A
+    leading `id:` line (acp_channels numbers its events) keeps the event on the fast path.
     """
 
     def __init__(self, on_event: EventHandler) -> None:
@@ -217,6 +218,8 @@ class SseStream(asyncio.Protocol):
         self._events = blocks.pop()
         on_event = self.on_event
         for block in blocks:
+            if block.startswith(b"id: "):  # acp_channels: an id line, then the data line (ids are not used)
+                block = block[block.find(b"\n") + 1 :]
             if block.startswith(b"data: ") and b"\n" not in block:
                 self.events += 1
                 on_event(block[6:])
