@@ -38,6 +38,8 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors += _check_number("MAX_BATCH_ENTRIES", int, "acp_channels.E018")
     errors += _check_number("HEADER_TIMEOUT_SECONDS", float, "acp_channels.E019")
     errors += _check_number("BODY_TIMEOUT_SECONDS", float, "acp_channels.E020")
+    errors += _check_number("REPLAY_WINDOW_EVENTS", int, "acp_channels.E029", zero=True)
+    errors += _check_number("REPLAY_WINDOW_BYTES", int, "acp_channels.E030", zero=True)
     errors += _check_budgets()
     errors += _check_cors()
     errors += _check_authentication(raw.get("AGENT"))
@@ -108,6 +110,15 @@ def _check_budgets() -> list[CheckMessage]:
                 f"MAX_BUFFERED_BYTES ({per_connection}) is larger than MAX_WORKER_BUFFERED_BYTES ({per_worker}).",
                 hint="One connection could then hold the whole worker's budget; lower MAX_BUFFERED_BYTES.",
                 id="acp_channels.W003",
+            )
+        ]
+    window = acp_settings.REPLAY_WINDOW_BYTES
+    if valid and isinstance(window, int) and not isinstance(window, bool) and window >= per_connection:
+        return [
+            Error(
+                f"REPLAY_WINDOW_BYTES ({window}) must be less than MAX_BUFFERED_BYTES ({per_connection}).",
+                hint="The replay window is kept within the connection's budget; a quarter of it is the default.",
+                id="acp_channels.E031",
             )
         ]
     return []

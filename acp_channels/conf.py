@@ -27,6 +27,11 @@ DEFAULTS: Final[dict[str, Any]] = {
     # to the server and not yet written to the socket. Beyond it the host stops taking the
     # agent's output (backpressure) instead of growing without bound; nothing is dropped.
     "MAX_BUFFERED_BYTES": 4 * 1024 * 1024,
+    # Per stream, events already sent that are kept so a reader that lost its connection can
+    # resume (SSE Last-Event-ID, WebSocket reattach): at most this many, and this many bytes
+    # (counted in MAX_BUFFERED_BYTES, and forgotten first when it is full).
+    "REPLAY_WINDOW_EVENTS": 4096,
+    "REPLAY_WINDOW_BYTES": 1024 * 1024,
     # The same, summed over every connection of one worker process: past it, every connection's
     # agent output waits, and initialize answers 503.
     "MAX_WORKER_BUFFERED_BYTES": 256 * 1024 * 1024,

@@ -12,7 +12,8 @@ caller's principal as `Principal.to_wire()`; a mismatch is answered "unknown").
 
 Op results (a dict; `error` names a refusal the caller turns into the same answer as for a host
 in its own process): submit -> ok | error unknown, session (text), pending (limit), closed;
-lease -> ok | error unknown, busy, streams (limit); take -> items + seq | end;
+lease -> ok + tag | error unknown, busy, streams (limit), replay (reason, event);
+take -> items + first + seq | end;
 terminate -> ok | error unknown; probe -> alive.
 """
 
@@ -26,7 +27,9 @@ from acp_channels import protocol
 from acp_channels.agents import AgentClosed
 from acp_channels.host import (
     ConnectionHost,
+    Delivery,
     Mailbox,
+    ReplayUnavailable,
     StreamBusy,
     StreamLease,
     TooManyRequests,
@@ -56,7 +59,10 @@ TERMINATE_TIMEOUT = 30.0
 
 
 class StreamReader(Protocol):
-    async def take(self, timeout: float | None) -> list[str] | None: ...
+    #: Names the stream in its SSE event ids.
+    tag: str
+
+    async def take(self, timeout: float | None) -> Delivery | None: ...
 
     def release(self) -> None: ...
 
@@ -66,7 +72,7 @@ class HostHandle(Protocol):
 
     async def reply_from_transport(self, text: str) -> None: ...
 
-    async def lease(self, key: StreamKey) -> StreamReader: ...
+    async def lease(self, key: StreamKey, resume: str | None = None) -> StreamReader: ...
 
     async def terminate(self) -> None: ...
 
@@ -107,9 +113,10 @@ class LocalHandle:
     async def reply_from_transport(self, text: str) -> None:
         self.host.reply_from_transport(text)
 
-    async def lease(self, key: StreamKey) -> StreamReader:
-        await release_if_reader_gone(self.host.stream_for_reader(key))
-        return self.host.lease(key)
+    async def lease(self, key: StreamKey, resume: str | None = None) -> StreamReader:
+        if resume is None:
+            await release_if_reader_gone(self.host.stream_for_reader(key))
+        return self.host.lease(key, resume)
 
     async def terminate(self) -> None:
         await self.host.terminate("delete")
@@ -157,18 +164,20 @@ class RemoteHandle:
         if result.get("error") == "closed":
             raise AgentClosed("connection ended")
 
-    async def lease(self, key: StreamKey) -> StreamReader:
+    async def lease(self, key: StreamKey, resume: str | None = None) -> StreamReader:
         lease_id = f"{WORKER_ID}-{next(_lease_ids)}"
         # Receipt proves the host is alive; the answer may wait for a probe of a stale reader.
         result = await self._call(
-            "lease", 2 * worker_timeout(), receipt=True, stream=key, lease=lease_id, reader=WORKER_ID
+            "lease", 2 * worker_timeout(), receipt=True, stream=key, lease=lease_id, reader=WORKER_ID, resume=resume
         )
         if result.get("error") == "busy":
             raise StreamBusy
         if result.get("error") == "streams":
             raise TooManyStreams(int(result["limit"]))
+        if result.get("error") == "replay":
+            raise ReplayUnavailable(result["reason"], result["event"])
         _active_readers.add(lease_id)
-        return RemoteStream(self.worker_id, lease_id)
+        return RemoteStream(self.worker_id, lease_id, result["tag"])
 
     async def terminate(self) -> None:
         await self._call("terminate", TERMINATE_TIMEOUT, receipt=True)
@@ -178,12 +187,13 @@ class RemoteStream:
     """An SSE reader's lease on a stream hosted by another worker: pulls batches, acknowledging
     each one with the next pull."""
 
-    def __init__(self, worker_id: str, lease_id: str) -> None:
+    def __init__(self, worker_id: str, lease_id: str, tag: str) -> None:
         self.worker_id = worker_id
         self.lease_id = lease_id
+        self.tag = tag
         self.acked = 0
 
-    async def take(self, timeout: float | None) -> list[str] | None:
+    async def take(self, timeout: float | None) -> Delivery | None:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not lifecycle.draining:  # a draining worker ends the streams it serves
@@ -202,7 +212,7 @@ class RemoteStream:
             self.acked = result["seq"]
             items: list[str] = result["items"]
             if items or (deadline is not None and loop.time() >= deadline):
-                return items
+                return Delivery(items, int(result["first"]))
         return None
 
     def release(self) -> None:
@@ -227,55 +237,64 @@ class RemoteStream:
 class LeaseOnHost:
     """The host side of a remote reader's lease: the batch in flight until acknowledged."""
 
-    def __init__(self, lease_id: str, reader_worker: str, mailbox: Mailbox) -> None:
+    def __init__(self, lease_id: str, reader_worker: str, mailbox: Mailbox, resume: str | None = None) -> None:
         self.lease_id = lease_id
         self.reader_worker = reader_worker
         self.mailbox = mailbox
-        self.in_flight: list[str] = []
+        self.in_flight = Delivery([], 0)
         self.seq = 0
         self.taking = False
         self.ended = False
         self._expiry: asyncio.TimerHandle | None = None
-        mailbox.acquire(self)
+        StreamLease(mailbox, resume, holder=self)
         self._arm()
+
+    @property
+    def holding(self) -> bool:
+        """Still the stream's reader (not taken over by a resuming one)."""
+        return self.mailbox.holder is self
 
     def acknowledge(self, seq: int) -> None:
         if seq == self.seq and self.in_flight:
-            self.in_flight = []
-            self.mailbox.settle()  # written on the reader's side: it stops counting
+            self.in_flight = Delivery([], 0)
+            if self.holding:
+                self.mailbox.settle()  # written on the reader's side: it stops counting
 
     async def take(self, wait: float, ack: int) -> dict[str, Any]:
         self.acknowledge(ack)
         if self.in_flight:  # the reader did not get the last batch: send it again
-            return {"items": self.in_flight, "seq": self.seq}
+            return {"items": self.in_flight, "first": self.in_flight.first_seq, "seq": self.seq}
         self._disarm()
         self.taking = True
         try:
-            items = await self.mailbox.take(wait, MAX_TAKE_BYTES)
+            items = await self.mailbox.take(wait, MAX_TAKE_BYTES, holder=self)
         finally:
             self.taking = False
-        if self.ended:  # released while we waited: these items belong to the next reader
-            self.mailbox.requeue(items or [])
+        if self.ended and items:  # released while we waited: these items belong to the next reader
+            if self.holding:
+                self.mailbox.requeue(items)
             return {"end": True}
-        if items is None:
+        if items is None or self.ended:
             self.end()
             return {"end": True}
         self._arm()
         if items:
             self.seq += 1
             self.in_flight = items
-        return {"items": items, "seq": self.seq}
+        return {"items": items, "first": items.first_seq, "seq": self.seq}
 
     def end(self) -> None:
-        """Release the stream; whatever was not acknowledged goes back for the next reader."""
+        """Release the stream; whatever was not acknowledged goes back for the next reader
+        (unless a resuming reader took the stream over: it said what it got)."""
         if self.ended:
             return
         self.ended = True
         self._disarm()
         _leases_on_host.pop(self.lease_id, None)
-        self.mailbox.requeue(self.in_flight)
-        self.in_flight = []
-        self.mailbox.release(self)
+        if self.holding:
+            self.mailbox.requeue(self.in_flight)
+            self.mailbox.release(self)
+        self.in_flight = Delivery([], 0)
 
     def _arm(self) -> None:
         self._disarm()
@@ -353,16 +372,21 @@ async def serve_lease(message: dict[str, Any]) -> dict[str, Any]:
     host = _target(message)
     if host is None:
         return {"error": "unknown"}
+    resume: str | None = message.get("resume")
     try:
-        await release_if_reader_gone(host.stream_for_reader(message["stream"]))
+        if resume is None:
+            await release_if_reader_gone(host.stream_for_reader(message["stream"]))
         # Looked up again: a stream released empty just now was forgotten (a new one is made).
         mailbox = host.stream_for_reader(message["stream"])
-        _leases_on_host[message["lease"]] = LeaseOnHost(message["lease"], message["reader"], mailbox)
+        lease = LeaseOnHost(message["lease"], message["reader"], mailbox, resume)
+        _leases_on_host[message["lease"]] = lease
     except StreamBusy:
         return {"error": "busy"}
     except TooManyStreams as error:
         return {"error": "streams", "limit": error.limit}
-    return {"ok": True}
+    except ReplayUnavailable as refused:
+        return {"error": "replay", "reason": refused.reason, "event": refused.event_id}
+    return {"ok": True, "tag": mailbox.tag}
 
 
 async def serve_take(message: dict[str, Any]) -> dict[str, Any]:

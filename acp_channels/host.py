@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+import secrets
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -36,6 +38,8 @@ audit_logger = logging.getLogger("acp_channels.audit")
 #: One take hands a reader at most about this much output (or one larger item), so what the
 #: server holds for a slow socket is bounded by a batch, not by everything queued.
 TAKE_BYTES: Final = 256 * 1024
+#: Forgotten streams a connection remembers the last event id of (see ConnectionHost._forgotten).
+FORGOTTEN_STREAMS: Final = 1024
 #: The JSON-RPC error a WebSocket request over MAX_PENDING_REQUESTS gets instead of forwarding.
 TOO_MANY_REQUESTS_CODE: Final = -32000
 TOO_MANY_REQUESTS_MESSAGE: Final = "too many requests in flight"
@@ -49,6 +53,33 @@ def _setting(name: str) -> Any:
 
 class StreamBusy(Exception):
     """The stream already has a reader (409), or the connection has no such stream."""
+
+
+class ReplayUnavailable(Exception):
+    """A reader asked to resume after an event the stream cannot replay from (409): `gone`
+    (older than the replay window) or `foreign` (another stream's, or never sent)."""
+
+    def __init__(self, reason: Literal["gone", "foreign"], event_id: str) -> None:
+        self.reason = reason
+        self.event_id = event_id
+        if reason == "gone":
+            text = f"Last-Event-ID {event_id} is older than the replay window of this stream; events were lost"
+        else:
+            text = f"Last-Event-ID {event_id} does not belong to this stream"
+        super().__init__(text)
+
+
+def event_id(tag: str, seq: int) -> str:
+    """The SSE id of a stream's `seq`-th event (opaque to clients)."""
+    return f"{tag}-{seq}"
+
+
+def parse_event_id(value: str) -> tuple[str, int] | None:
+    """(tag, seq) of an id made by `event_id`; None for anything else."""
+    tag, dash, seq = value.strip().rpartition("-")
+    if not dash or not tag or not seq.isdigit() or len(seq) > 18:
+        return None
+    return tag, int(seq)
 
 
 class AgentEnded(Exception):
@@ -106,6 +137,8 @@ class WorkerBudget:
         self.used = 0
         # Futures, not an Event: this object outlives event loops (one per test).
         self.waiters: set[asyncio.Future[None]] = set()
+        #: Every mailbox holding a replay window, on every connection (weakly).
+        self.windows: weakref.WeakSet[Mailbox] = weakref.WeakSet()
 
     def full(self) -> bool:
         return self.used >= self._limit()
@@ -121,13 +154,29 @@ class WorkerBudget:
 
 class OutboundBudget:
     """Bytes a connection holds for its readers; the router waits while it, or the worker's
-    total, is at the limit (backpressure: nothing is dropped)."""
+    total, is at the limit (backpressure: nothing is dropped). Replay windows count too, but
+    give way: before the router waits, the oldest delivered events are forgotten."""
 
     def __init__(self, limit: int, worker: WorkerBudget | None = None) -> None:
         self.limit = limit
         self.used = 0
         self.worker = worker
         self._waiters: set[asyncio.Future[None]] = set()
+        #: Mailboxes holding a replay window (weakly: a forgotten stream leaves by itself).
+        self.windows: weakref.WeakSet[Mailbox] = weakref.WeakSet()
+
+    def reclaim(self) -> None:
+        """Forget delivered events until there is room (or none are left): this connection's
+        least recently read streams first, then, while the worker is full, any connection's."""
+        for mailbox in sorted(self.windows, key=lambda mailbox: mailbox.last_read):
+            if self.has_room():
+                return
+            mailbox.forget_window()
+        if self.worker is not None and self.worker.full():
+            for mailbox in sorted(self.worker.windows, key=lambda mailbox: mailbox.last_read):
+                if not self.worker.full():
+                    return
+                mailbox.forget_window()
 
     def add(self, size: int) -> None:
         self.used += size
@@ -148,6 +197,9 @@ class OutboundBudget:
         """Return once both budgets have room. Woken by whichever budget was full when it
         frees bytes (no polling); the other one is checked again then."""
         while not self.has_room():
+            self.reclaim()
+            if self.has_room():
+                return
             waiters = self._waiters if self.used >= self.limit or self.worker is None else self.worker.waiters
             waiter = asyncio.get_running_loop().create_future()
             waiters.add(waiter)
@@ -157,6 +209,17 @@ class OutboundBudget:
                 waiters.discard(waiter)
 
 
+class Delivery(list[str]):
+    """A batch a reader takes: serialized frames in order; `first_seq` is the first one's
+    number on its stream (the next ones follow), for SSE ids and resumption."""
+
+    __slots__ = ("first_seq",)
+
+    def __init__(self, items: list[str], first_seq: int) -> None:
+        super().__init__(items)
+        self.first_seq = first_seq
+
+
 class Mailbox:
     """One outbound stream: serialized frames in order, kept until a reader takes them.
 
@@ -164,16 +227,42 @@ class Mailbox:
     reader took stays counted in the budget until it comes back for more (it has written the
     batch) or releases the lease (written, or the client is gone). A closed mailbox with no
     reader can never be read: its items are dropped.
+
+    Every item has a number on the stream (`seq`, from 1). Items a reader took stay in a replay
+    window (at most `window_events` items and `window_bytes` bytes once written; counted in the
+    budget): a reader that comes back naming the last one it got (`resume`) gets the rest again.
     """
 
-    def __init__(self, budget: OutboundBudget, on_idle: Callable[[Mailbox], None] | None = None) -> None:
+    def __init__(
+        self,
+        budget: OutboundBudget,
+        on_idle: Callable[[Mailbox], None] | None = None,
+        *,
+        window_events: int = 0,
+        window_bytes: int = 0,
+        tag: str | None = None,
+        first_seq: int = 1,
+    ) -> None:
         self._items: deque[str] = deque()
         self._budget = budget
         self._in_flight = 0  # bytes of the reader's last batch, not yet confirmed written
+        self._in_flight_count = 0
         self._on_idle = on_idle
         self._wakeup = asyncio.Event()
         self._holder: object | None = None
         self.closed = False
+        #: Names this stream in its event ids; a stream made again after being forgotten has a new one.
+        self.tag = tag if tag is not None else secrets.token_hex(4)
+        self._head_seq = first_seq  # the number of _items[0] (the next item handed out)
+        self._sent: deque[str] = deque()  # items handed out, up to _head_seq - 1
+        self._sent_bytes = 0
+        self._window_events = window_events
+        self._window_bytes = window_bytes
+        self.last_read = 0.0  # loop time of the last take: the stream least recently read goes first
+        if window_events > 0 and window_bytes > 0:
+            budget.windows.add(self)
+            if budget.worker is not None:
+                budget.worker.windows.add(self)
 
     def push(self, item: str) -> None:
         if self.closed and self._holder is None:
@@ -198,7 +287,17 @@ class Mailbox:
     @property
     def empty(self) -> bool:
         """Nothing queued and nothing in a reader's hands."""
-        return not self._items and not self._in_flight
+        return not self._items and not self._in_flight_count
+
+    @property
+    def has_window(self) -> bool:
+        """Delivered items are kept for a reader that may resume."""
+        return bool(self._sent)
+
+    @property
+    def last_sent_seq(self) -> int:
+        """The number of the last item handed to a reader (0: none yet)."""
+        return self._head_seq - 1
 
     def acquire(self, holder: object | None = None) -> object:
         """Take the reader lease; the token returned (`holder`, or a new object) releases it."""
@@ -207,22 +306,78 @@ class Mailbox:
         self._holder = token = holder if holder is not None else object()
         return token
 
+    def take_over(self, holder: object | None = None) -> object:
+        """Take the lease from the reader holding it (one that vanished without the server
+        noticing): its batch counts as delivered, its next take ends its stream."""
+        self.settle()
+        self._holder = None
+        self._wakeup.set()  # a take waiting for items sees it lost the lease
+        return self.acquire(holder)
+
+    def resume(self, last_seq: int, shown_id: str) -> None:
+        """Hand out again everything after item `last_seq`, which the reader says it got.
+        Raises ReplayUnavailable when that is not in the window (or was never sent)."""
+        self.settle()
+        oldest_kept = self._head_seq - len(self._sent)
+        if last_seq > self._head_seq - 1:
+            raise ReplayUnavailable("foreign", shown_id)
+        if last_seq < oldest_kept - 1:
+            raise ReplayUnavailable("gone", shown_id)
+        again = self._head_seq - 1 - last_seq
+        for _ in range(again):
+            item = self._sent.pop()
+            self._sent_bytes -= len(item)
+            self._items.appendleft(item)  # still counted in the budget: window -> queue
+        self._head_seq -= again
+        if again:
+            self._wakeup.set()
+
     def requeue(self, items: list[str]) -> None:
         """Put items a reader took but never confirmed back at the front, in order."""
-        size = sum(map(len, items))
-        back = min(size, self._in_flight)  # still counted as in flight
-        self._in_flight -= back
-        self._budget.add(size - back)  # already settled (a release raced the take): count again
-        self._items.extendleft(reversed(items))
+        for item in reversed(items):
+            if self._sent and self._sent[-1] is item:
+                self._sent.pop()
+                self._sent_bytes -= len(item)
+            else:  # forgotten from the window meanwhile: count it again
+                self._budget.add(len(item))
+            self._items.appendleft(item)
+            self._head_seq -= 1
+        self._in_flight = self._in_flight_count = 0
         if items:
             self._wakeup.set()
         self._drop_if_unreadable()
 
     def settle(self) -> None:
-        """The reader's last batch is written (or will never be): stop counting it."""
-        if self._in_flight:
-            self._budget.release(self._in_flight)
-            self._in_flight = 0
+        """The reader's last batch is written (or will never be): it stays only as replay window."""
+        if self._in_flight_count:
+            self._in_flight = self._in_flight_count = 0
+            self._trim_window()
+            if not self._budget.has_room():  # someone waits for room: the window gives way
+                self.forget_window()
+                self._budget.reclaim()
+
+    def _trim_window(self) -> None:
+        """Forget the oldest delivered items beyond the window's limits (never the batch in flight)."""
+        freed = 0
+        while len(self._sent) > self._in_flight_count and (
+            len(self._sent) - self._in_flight_count > self._window_events
+            or self._sent_bytes - self._in_flight > self._window_bytes
+        ):
+            item = self._sent.popleft()
+            self._sent_bytes -= len(item)
+            freed += len(item)
+        if freed:
+            self._budget.release(freed)
+
+    def forget_window(self) -> None:
+        """Drop every delivered item except the batch in flight (the budget needs the room)."""
+        freed = 0
+        while len(self._sent) > self._in_flight_count:
+            item = self._sent.popleft()
+            self._sent_bytes -= len(item)
+            freed += len(item)
+        if freed:
+            self._budget.release(freed)
 
     def release(self, token: object) -> None:
         if self._holder is not token:
@@ -234,17 +389,23 @@ class Mailbox:
             self._on_idle(self)
 
     def _drop_if_unreadable(self) -> None:
-        if self.closed and self._holder is None and self._items:
-            self._budget.release(sum(map(len, self._items)))
+        if self.closed and self._holder is None and (self._items or self._sent):
+            self._budget.release(sum(map(len, self._items)) + self._sent_bytes)
             self._items.clear()
+            self._sent.clear()
+            self._sent_bytes = self._in_flight = self._in_flight_count = 0
 
-    async def take(self, timeout: float | None, max_bytes: int = TAKE_BYTES) -> list[str] | None:
+    async def take(
+        self, timeout: float | None, max_bytes: int = TAKE_BYTES, holder: object | None = None
+    ) -> Delivery | None:
         """The next batch (at least one item, up to about `max_bytes`), waiting up to `timeout`.
 
         The reader coming back means its previous batch is written: that one stops counting.
-        Returns [] on timeout (time for a keep-alive) and None once the mailbox is closed and
-        drained (the stream ends).
+        Returns an empty batch on timeout (time for a keep-alive) and None once the mailbox is
+        closed and drained (the stream ends), or once `holder` lost the lease to another reader.
         """
+        if holder is not None and holder is not self._holder:
+            return None
         self.settle()
         if not self._items and not self.closed:
             self._wakeup.clear()
@@ -252,15 +413,24 @@ class Mailbox:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wakeup.wait()
+            if holder is not None and holder is not self._holder:
+                return None
+        first_seq = self._head_seq
         if not self._items:
-            return None if self.closed else []
+            return None if self.closed else Delivery([], first_seq)
         items: list[str] = []
         size = 0
         while self._items and (not items or size + len(self._items[0]) <= max_bytes):
-            size += len(self._items[0])
-            items.append(self._items.popleft())
-        self._in_flight += size
-        return items
+            item = self._items.popleft()
+            size += len(item)
+            items.append(item)
+        self._sent.extend(items)
+        self._sent_bytes += size
+        self._head_seq += len(items)
+        self._in_flight = size
+        self._in_flight_count = len(items)
+        self.last_read = asyncio.get_running_loop().time()
+        return Delivery(items, first_seq)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -274,15 +444,17 @@ class SocketOutbox(Mailbox):
     #: Holds the lease until the writer's first take (output before it must wait for it).
     _NOT_STARTED: Final = object()
 
-    def __init__(self, budget: OutboundBudget) -> None:
-        super().__init__(budget)
+    def __init__(self, budget: OutboundBudget, *, window_events: int = 0, window_bytes: int = 0) -> None:
+        super().__init__(budget, window_events=window_events, window_bytes=window_bytes)
         self.acquire(self._NOT_STARTED)
 
-    async def take(self, timeout: float | None, max_bytes: int = TAKE_BYTES) -> list[str] | None:
+    async def take(
+        self, timeout: float | None, max_bytes: int = TAKE_BYTES, holder: object | None = None
+    ) -> Delivery | None:
         if self._holder is self._NOT_STARTED and (writer := asyncio.current_task()) is not None:
             self._holder = writer  # handed over directly: a closed outbox keeps its items for it
             writer.add_done_callback(self.release)
-        return await super().take(timeout, max_bytes)
+        return await super().take(timeout, max_bytes, holder)
 
     def writer_never_started(self) -> None:
         """The socket is gone before its writer took anything: nobody will read."""
@@ -290,17 +462,53 @@ class SocketOutbox(Mailbox):
 
 
 class StreamLease:
-    """A reader's hold on one stream: take deliveries, release when the reader goes away."""
+    """A reader's hold on one stream: take deliveries, release when the reader goes away.
 
-    def __init__(self, mailbox: Mailbox) -> None:
+    With `resume` (the SSE id of the last event the reader got) it takes the stream over from
+    a reader still holding it, and the events after that id come first."""
+
+    def __init__(self, mailbox: Mailbox, resume: str | None = None, holder: object | None = None) -> None:
         self._mailbox = mailbox
-        self._token = mailbox.acquire()
+        self.tag = mailbox.tag
+        if resume is None:
+            self._token = mailbox.acquire(holder)
+            return
+        parsed = parse_event_id(resume)
+        if parsed is None or parsed[0] != mailbox.tag:
+            raise ReplayUnavailable("foreign", resume)
+        mailbox.resume(parsed[1], resume)  # checked before the current reader is displaced
+        self._token = mailbox.take_over(holder)
 
-    async def take(self, timeout: float | None) -> list[str] | None:
-        return await self._mailbox.take(timeout)
+    async def take(self, timeout: float | None) -> Delivery | None:
+        return await self._mailbox.take(timeout, holder=self._token)
 
     def release(self) -> None:
         self._mailbox.release(self._token)
+
+
+#: The key under the initialize result's `_meta` where the server says how streams resume
+#: (docs/resumable-streams.md).
+RESUME_META_KEY: Final = "acp-channels/resume"
+
+
+def resume_capabilities() -> dict[str, Any]:
+    return {
+        "sse": True,
+        "websocket": False,
+        "windowEvents": _setting("REPLAY_WINDOW_EVENTS"),
+        "windowBytes": _setting("REPLAY_WINDOW_BYTES"),
+    }
+
+
+def advertise_resume(reply: protocol.Message) -> None:
+    """Add what the server supports for resuming streams to an initialize result's `_meta`
+    (next to what the agent put there)."""
+    result = reply.get("result")
+    if isinstance(result, dict):
+        meta = result.get("_meta")
+        if not isinstance(meta, dict):
+            meta = result["_meta"] = {}
+        meta[RESUME_META_KEY] = resume_capabilities()
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,8 +541,15 @@ class ConnectionHost:
         self.transport = transport
         self.agent = agent
         self._budget = OutboundBudget(max_buffered_bytes, worker_budget)
+        self._window: dict[str, int] = {
+            "window_events": _setting("REPLAY_WINDOW_EVENTS"),
+            "window_bytes": _setting("REPLAY_WINDOW_BYTES"),
+        }
         self._streams: dict[StreamKey, Mailbox] = {}
-        self._socket_outbox = SocketOutbox(self._budget)
+        # Streams forgotten with their window: (tag, last seq), so a reader that got everything
+        # resumes on the stream made again (bounded: the oldest are forgotten for good).
+        self._forgotten: OrderedDict[StreamKey, tuple[str, int]] = OrderedDict()
+        self._socket_outbox = SocketOutbox(self._budget, **self._window)
         # HTTP: where each pending request's reply goes, by id; pinning their session streams.
         self._routes: dict[str, deque[StreamKey]] = {}
         self._route_pins: dict[str, int] = {}
@@ -439,6 +654,7 @@ class ConnectionHost:
                 continue
             accepted = not protocol.is_error_response(reply)
             if accepted:
+                advertise_resume(reply)
                 self.start()
             return InitializeReply(protocol.serialize_frame(output), accepted)
 
@@ -468,7 +684,14 @@ class ConnectionHost:
         dropped, and POSTs are bounded by MAX_PENDING_REQUESTS."""
         mailbox = self._streams.get(key)
         if mailbox is None:
-            mailbox = self._streams[key] = Mailbox(self._budget, on_idle=lambda idle: self._collect(key, idle))
+            tag, last_seq = self._forgotten.pop(key, (None, 0))
+            mailbox = self._streams[key] = Mailbox(
+                self._budget,
+                on_idle=lambda idle: self._collect(key, idle),
+                tag=tag,
+                first_seq=last_seq + 1,
+                **self._window,
+            )
             if self.ended.is_set():
                 mailbox.close()
         return mailbox
@@ -481,13 +704,41 @@ class ConnectionHost:
             raise StreamBusy
         if key is not protocol.CONNECTION_STREAM and key not in self._streams:
             limit: int = _setting("MAX_SESSION_STREAMS")
-            if self.session_streams >= limit:
+            if self.session_streams >= limit and not self._forget_a_window():
                 raise TooManyStreams(limit)
         return self.stream(key)
 
-    def lease(self, key: StreamKey) -> StreamLease:
-        """Take the single-reader lease on an SSE stream; StreamBusy when it is taken (409)."""
-        return StreamLease(self.stream_for_reader(key))
+    def lease(self, key: StreamKey, resume: str | None = None) -> StreamLease:
+        """Take the single-reader lease on an SSE stream: StreamBusy when it is taken (409),
+        unless `resume` names the last event the reader got (then it takes over, or raises
+        ReplayUnavailable)."""
+        return StreamLease(self.stream_for_reader(key), resume)
+
+    def _forget_a_window(self) -> bool:
+        """Make room for a new session stream: forget the least recently read one that holds
+        nothing but its replay window (a reader resuming it later starts over: 409)."""
+        idle = [
+            (mailbox.last_read, key)
+            for key, mailbox in self._streams.items()
+            if key is not protocol.CONNECTION_STREAM
+            and not mailbox.leased
+            and mailbox.empty
+            and key not in self._route_pins
+        ]
+        if not idle:
+            return False
+        _, key = min(idle)
+        assert key is not None
+        mailbox = self._streams.pop(key)
+        mailbox.forget_window()
+        self._remember(key, mailbox)
+        return True
+
+    def _remember(self, key: StreamKey, mailbox: Mailbox) -> None:
+        self._forgotten[key] = (mailbox.tag, mailbox.last_sent_seq)
+        self._forgotten.move_to_end(key)
+        while len(self._forgotten) > FORGOTTEN_STREAMS:
+            self._forgotten.popitem(last=False)
 
     def _collect(self, key: StreamKey, mailbox: Mailbox | None = None) -> None:
         """Forget a session stream nothing is in, nobody reads and no pending reply goes to:
@@ -499,10 +750,13 @@ class ConnectionHost:
             or (mailbox is not None and current is not mailbox)
             or current.leased
             or not current.empty
+            or current.has_window  # kept for a reader that resumes (forgotten at the stream cap)
             or key in self._route_pins
         ):
             return
         del self._streams[key]
+        if current.last_sent_seq:
+            self._remember(key, current)
 
     @property
     def socket_outbox(self) -> Mailbox:

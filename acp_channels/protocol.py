@@ -22,6 +22,8 @@ import orjson
 
 CONNECTION_HEADER: Final = "acp-connection-id"
 SESSION_HEADER: Final = "acp-session-id"
+#: A reader resuming a stream names the last event it received (SSE: its id; WebSocket: a count).
+LAST_EVENT_ID_HEADER: Final = "last-event-id"
 
 JSONRPC_VERSION: Final = "2.0"
 PARSE_ERROR: Final = -32700
@@ -674,13 +676,15 @@ def ascii_json(text: str) -> str:
     return text if text.isascii() else _NON_ASCII.sub(_json_escape, text)
 
 
-def sse_event(payload: str) -> bytes:
-    """One SSE event; text with line breaks (relayed malformed output) becomes several data lines."""
+def sse_event(payload: str, event_id: str | None = None) -> bytes:
+    """One SSE event, with an `id:` line when given; text with line breaks (relayed malformed
+    output) becomes several data lines."""
     payload = ascii_json(payload)
+    head = b"id: " + event_id.encode() + b"\n" if event_id is not None else b""
     if "\n" not in payload and "\r" not in payload:
-        return b"data: " + payload.encode() + b"\n\n"
+        return head + b"data: " + payload.encode() + b"\n\n"
     lines = payload.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    return "".join(f"data: {line}\n" for line in lines).encode() + b"\n"
+    return head + "".join(f"data: {line}\n" for line in lines).encode() + b"\n"
 
 
 RESPONSE_SESSION_MISMATCH = "Acp-Session-Id header does not match the session of the request this answers"

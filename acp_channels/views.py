@@ -22,15 +22,17 @@ from acp_channels.gateway import StreamReader, locate
 from acp_channels.host import (
     AgentEnded,
     QuotaExceeded,
+    ReplayUnavailable,
     ServerFull,
     StreamBusy,
     TooManyRequests,
     TooManyStreams,
+    event_id,
     registry,
 )
 from acp_channels.identity import Principal
 from acp_channels.lifecycle import lifecycle
-from acp_channels.protocol import CONNECTION_HEADER, SESSION_HEADER, Frame, SessionHeaderError
+from acp_channels.protocol import CONNECTION_HEADER, LAST_EVENT_ID_HEADER, SESSION_HEADER, Frame, SessionHeaderError
 from acp_channels.worker import AgentBusy, HostUnreachable, LayerUnavailable
 
 logger = logging.getLogger(__name__)
@@ -284,9 +286,11 @@ async def open_stream(request: HttpRequest, principal: Principal) -> HttpRespons
         return text_response(404)
     session_id = header(request, SESSION_HEADER)
     try:
-        lease = await handle.lease(session_id)
+        lease = await handle.lease(session_id, header(request, LAST_EVENT_ID_HEADER))
     except StreamBusy:
         return text_response(409, STREAM_TAKEN)
+    except ReplayUnavailable as refused:
+        return text_response(409, str(refused))
     except TooManyStreams as error:
         return retry_later(429, TOO_MANY_SESSION_STREAMS.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
     except REACHING_THE_HOST as error:
@@ -335,9 +339,11 @@ async def sse_body(lease: StreamReader, keepalive: float) -> AsyncGenerator[byte
     lifecycle.stream_opened()
     try:
         yield protocol.SSE_OPENING
+        tag = lease.tag
         while (items := await lease.take(keepalive)) is not None:
             if items:
-                yield b"".join(map(protocol.sse_event, items))
+                first = items.first_seq
+                yield b"".join(protocol.sse_event(item, event_id(tag, seq)) for seq, item in enumerate(items, first))
             else:
                 yield protocol.SSE_KEEPALIVE
     finally:

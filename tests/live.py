@@ -352,32 +352,38 @@ def notification(method: str, params: Any = None) -> dict[str, Any]:
 
 class SseReader:
     """Reads one live SSE response: `await reader.next()` is the next event's data (parsed JSON
-    when it parses, else the raw text). `ended` is set once the body ends."""
+    when it parses, else the raw text); `last_id` is then that event's `id:` (None without one).
+    `ended` is set once the body ends."""
 
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
         self.comments = 0
         self.error: BaseException | None = None  # set when the body ended abnormally
-        self._events: asyncio.Queue[Any] = asyncio.Queue()
+        self._events: asyncio.Queue[tuple[str | None, Any]] = asyncio.Queue()
+        self.last_id: str | None = None
         self.ended = asyncio.Event()
         self._task = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         data: list[str] = []
+        event_id: str | None = None
         try:
             async for line in self.response.aiter_lines():
                 if line == "":
                     if data:
                         text = "\n".join(data)
                         try:
-                            self._events.put_nowait(json.loads(text))
+                            self._events.put_nowait((event_id, json.loads(text)))
                         except ValueError:
-                            self._events.put_nowait(text)
+                            self._events.put_nowait((event_id, text))
                         data = []
+                        event_id = None
                 elif line.startswith(":"):
                     self.comments += 1
                 elif line.startswith("data:"):
                     data.append(line[5:].removeprefix(" "))
+                elif line.startswith("id:"):
+                    event_id = line[3:].removeprefix(" ")
         except asyncio.CancelledError:
             pass
         except httpx.HTTPError as error:
@@ -386,13 +392,15 @@ class SseReader:
             self.ended.set()
 
     async def next(self, timeout: float = 10.0) -> Any:
-        return await asyncio.wait_for(self._events.get(), timeout)
+        self.last_id, value = await asyncio.wait_for(self._events.get(), timeout)
+        return value
 
     def pending(self) -> list[Any]:
         """Events already received and not yet taken."""
         items = []
         while not self._events.empty():
-            items.append(self._events.get_nowait())
+            self.last_id, value = self._events.get_nowait()
+            items.append(value)
         return items
 
     async def wait_ended(self, timeout: float = 10.0) -> None:

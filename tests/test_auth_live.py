@@ -179,6 +179,32 @@ async def test_a_stolen_http_connection_id_is_404_for_another_principal(
     assert (await http.delete(server.url, headers=owner)).status_code == 202
 
 
+async def test_a_resumed_stream_is_the_owners_only(server: DaphneServer | Cluster, http: httpx.AsyncClient) -> None:
+    """Last-Event-ID does not open a door: another principal resuming Alice's stream gets 404
+    (and does not take it over); Alice resumes it."""
+    connection_id = await initialize(http, server.url, tokens.ALICE)
+    owner = {**bearer(tokens.ALICE), "Acp-Connection-Id": connection_id}
+    async with http.stream("GET", server.url, headers={**SSE, **owner}) as stream:
+        posted = await http.post(server.url, headers={**JSON, **owner}, json=rpc(7, "test/echo", {"x": 1}))
+        assert posted.status_code == 202
+        event_id = None
+        async for line in stream.aiter_lines():
+            if line.startswith("id:"):
+                event_id = line[3:].strip()
+            if line.startswith("data:"):
+                break
+        assert event_id is not None
+        for _ in range(3):  # through the balancer: on the host's worker and on others
+            stolen = await http.get(
+                server.url,
+                headers={**SSE, **bearer(tokens.BOB), "Acp-Connection-Id": connection_id, "Last-Event-ID": event_id},
+            )
+            assert (stolen.status_code, stolen.content) == (404, b"")
+    async with http.stream("GET", server.url, headers={**SSE, **owner, "Last-Event-ID": event_id}) as resumed:
+        assert resumed.status_code == 200
+    assert (await http.delete(server.url, headers=owner)).status_code == 202
+
+
 async def test_a_stolen_websocket_connection_id_is_404_over_http(
     server: DaphneServer | Cluster, http: httpx.AsyncClient
 ) -> None:

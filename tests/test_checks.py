@@ -1,4 +1,4 @@
-"""System checks for ACP_CHANNELS (acp_channels.E001...E028, W001...W004)."""
+"""System checks for ACP_CHANNELS (acp_channels.E001...E031, W001...W004)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def test_integer_settings_refuse_floats(settings: Any, key: str, check_id: str) 
 
 @pytest.mark.parametrize(("key", "check_id"), ALL_NUMBERS)
 def test_positive_values_pass(settings: Any, key: str, check_id: str) -> None:
-    acp(settings, **{"MAX_BUFFERED_BYTES": 1, key: 1})
+    acp(settings, **{"MAX_BUFFERED_BYTES": 1, "REPLAY_WINDOW_BYTES": 0, key: 1})
     assert check_settings() == []
     if (key, check_id) in FLOAT_SETTINGS:
         acp(settings, **{key: 0.25})
@@ -537,4 +537,27 @@ def test_django_user_needs_sessions_and_auth(settings: Any, missing: str) -> Non
 def test_django_user_with_sessions_is_clean(settings: Any) -> None:
     acp(settings, AUTHENTICATE=DJANGO_USER, REQUIRED_PERMISSION="auth.view_user")
     with_sessions(settings)
+    assert check_settings() == []
+
+
+# E029-E031: the replay window
+
+
+@pytest.mark.parametrize(
+    ("key", "check_id"), [("REPLAY_WINDOW_EVENTS", "acp_channels.E029"), ("REPLAY_WINDOW_BYTES", "acp_channels.E030")]
+)
+@pytest.mark.parametrize("bad", [-1, 1.5, "10", None, True])
+def test_replay_window_sizes_are_non_negative_integers(settings: Any, key: str, check_id: str, bad: Any) -> None:
+    acp(settings, **{key: bad})
+    assert check_ids() == [check_id]
+    acp(settings, **{key: 0})  # zero: no replay (a dropped stream cannot resume)
+    assert check_settings() == []
+
+
+def test_the_replay_window_must_fit_in_the_connection_budget(settings: Any) -> None:
+    acp(settings, MAX_BUFFERED_BYTES=1024 * 1024, REPLAY_WINDOW_BYTES=1024 * 1024)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E031"]
+    assert "must be less than MAX_BUFFERED_BYTES" in messages[0].msg
+    acp(settings, REPLAY_WINDOW_BYTES=1024 * 1024 - 1)
     assert check_settings() == []

@@ -340,9 +340,16 @@ async def test_agent_output_for_new_sessions_is_never_dropped_past_the_cap(
     assert host.session_streams == 100  # the agent's own sessions may exceed the cap
     with pytest.raises(TooManyStreams):
         host.lease("made-up")  # a new one a client makes up may not
-    for n in range(100):  # every existing stream can be read, and goes once read
+    for n in range(100):  # every existing stream can be read
         assert (await next_item(host, f"agent-{n}"))["params"]["sessionId"] == f"agent-{n}"
-    assert host.session_streams == 0
+    # Read streams stay for a reader that resumes (their replay window); at the cap a new one
+    # takes the place of the least recently read.
+    assert host.session_streams == 100
+    made_up = host.lease("made-up")
+    assert host.session_streams == 100
+    assert "agent-0" not in host._streams and "made-up" in host._streams
+    made_up.release()  # empty and never read: it goes
+    assert host.session_streams == 99
 
 
 async def test_a_post_naming_a_session_keeps_its_stream_until_the_reply(hosts: Callable[..., ConnectionHost]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -225,7 +226,7 @@ class RawBody:
 
 
 async def test_event_framing_and_keepalive_comments(http: httpx.AsyncClient, url: str, connection_id: str) -> None:
-    """§6.6: `data: <compact JSON>\\n\\n` per frame, a batch is one event, `: \\n\\n` when idle."""
+    """§6.6: `data: <compact JSON>\\n\\n` per frame (after its `id:`), a batch is one event, `: \\n\\n` when idle."""
     request = http.build_request("GET", url, headers=stream_headers(connection_id))
     response = await http.send(request, stream=True)
     try:
@@ -238,12 +239,18 @@ async def test_event_framing_and_keepalive_comments(http: httpx.AsyncClient, url
         await accepted(http, url, [rpc(2, "x/a"), rpc(3, "x/b")], connection_id)
         await accepted(http, url, rpc(4, "x/é"), connection_id)
         data = (await body.until(b'"x/\\u00e9","params":null}}\n\n')).replace(b": \n\n", b"")
+        # Each event has an id (`<stream tag>-<n>`, for resuming: docs/resumable-streams.md).
+        tag = re.match(rb"id: ([0-9a-f]+)-1\n", data)
+        assert tag is not None, data
         assert data == (
-            b'data: {"jsonrpc":"2.0","id":1,"result":{"method":"x/one","params":{"a":[1,2]}}}\n\n'
-            b'data: [{"jsonrpc":"2.0","id":2,"result":{"method":"x/a","params":null}},'
+            b"id: %s-1\n" % tag[1]
+            + b'data: {"jsonrpc":"2.0","id":1,"result":{"method":"x/one","params":{"a":[1,2]}}}\n\n'
+            + b"id: %s-2\n" % tag[1]
+            + b'data: [{"jsonrpc":"2.0","id":2,"result":{"method":"x/a","params":null}},'
             b'{"jsonrpc":"2.0","id":3,"result":{"method":"x/b","params":null}}]\n\n'
+            + b"id: %s-3\n" % tag[1]
             # non-ASCII is escaped on purpose (same JSON value; see tests/test_sse_encoding.py)
-            b'data: {"jsonrpc":"2.0","id":4,"result":{"method":"x/\\u00e9","params":null}}\n\n'
+            + b'data: {"jsonrpc":"2.0","id":4,"result":{"method":"x/\\u00e9","params":null}}\n\n'
         )
         # keep-alives go on after events
         assert await body.until(b": \n\n" * 2) == b": \n\n" * 2

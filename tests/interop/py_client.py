@@ -13,6 +13,7 @@ WebSocket upgrade) carries ``Authorization: Bearer <token>``, through the SDK's 
 Runs the interop scenario against a server hosting the demo agent (see README.md):
 initialize -> session/new -> ``stream 50 64`` -> ``permission`` (answers ``allow``)
 -> ``wait_for_cancel`` + session/cancel -> close (DELETE on HTTP, socket close on WS).
+Its steps are shared with py_stdio_client.py (a spawned stdio agent), which runs more of them.
 
 Prints exactly one JSON line on stdout summarising what it observed. Exit status: 0 when
 every check passed, 1 when one failed (the JSON line has ``"ok": false`` and ``"error"``, and
@@ -35,17 +36,22 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import httpx
-from acp import connect_to_agent, text_block
+from acp import ClientSideConnection, connect_to_agent, text_block
 from acp.connection import StreamDirection, StreamEvent
 from acp.schema import (
     AgentMessageChunk,
     AllowedOutcome,
     ClientCapabilities,
+    ContentToolCallContent,
     DeniedOutcome,
     FileSystemCapabilities,
     PermissionOption,
+    PromptResponse,
+    ReadTextFileResponse,
     RequestPermissionResponse,
     TextContentBlock,
+    ToolCallProgress,
+    ToolCallStart,
     ToolCallUpdate,
 )
 
@@ -55,6 +61,11 @@ STREAM_COUNT = 50
 STREAM_SIZE = 64
 PERMISSION_OPTIONS = ["allow", "reject"]
 PERMISSION_CHOICE = "allow"
+TOOL_CALL_STATUSES = ["pending", "in_progress", "completed"]
+#: What the client answers fs/read_text_file with (two lines, non-ASCII: it must come back unchanged).
+FILE_CONTENT = "known content from the client: grüße ✓\nsecond line"
+#: Absolute, as ACP requires; never touched on disk: the client answers from memory.
+FILE_PATH = os.path.join(tempfile.gettempdir(), "acp-interop-fs-read.txt")
 CLOSE_SECONDS = 5.0
 _INDEX_PREFIX = re.compile(r"^(\d+)")
 _TRANSPORTS = {"http": "http", "https": "http", "ws": "ws", "wss": "ws"}
@@ -79,11 +90,13 @@ async def step(label: str, awaitable: Awaitable[T], seconds: float) -> T:
 
 
 @dataclass
-class DemoClient:
-    """The ACP client side: collects session updates and answers permission requests."""
+class ScenarioClient:
+    """The ACP client side: collects session updates, answers permission requests with ``allow``
+    and fs/read_text_file for FILE_PATH with FILE_CONTENT."""
 
     updates: list[tuple[str, Any]] = field(default_factory=list)
     permission_requests: list[dict[str, Any]] = field(default_factory=list)
+    file_reads: list[dict[str, str]] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
@@ -110,6 +123,12 @@ class DemoClient:
             selected = AllowedOutcome(outcome="selected", option_id=PERMISSION_CHOICE)
             return RequestPermissionResponse(outcome=selected)
         return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+
+    async def read_text_file(
+        self, session_id: str, path: str, line: int | None = None, limit: int | None = None, **kwargs: Any
+    ) -> ReadTextFileResponse:
+        self.file_reads.append({"sessionId": session_id, "path": path})
+        return ReadTextFileResponse(content=FILE_CONTENT if path == FILE_PATH else "")
 
     def take_updates(self) -> list[tuple[str, Any]]:
         taken, self.updates = self.updates, []
@@ -220,6 +239,145 @@ def check_stream_order(texts: list[str]) -> str:
     return "indexed"
 
 
+@dataclass
+class Run:
+    """One run of the scenario: the connection, its client side and what it observed."""
+
+    conn: ClientSideConnection
+    client: ScenarioClient
+    wire: WireLog
+    seconds: float
+    summary: dict[str, Any]
+
+    async def prompt(self, label: str, session_id: str, text: str, chunks: int) -> PromptResponse:
+        """Send a prompt; its response once the ``chunks`` message chunks before it arrived."""
+        self.client.take_updates()
+        response = await step(label, self.conn.prompt(session_id=session_id, prompt=[text_block(text)]), self.seconds)
+        await step(f"{label}: updates", self.client.wait_for_chunks(chunks), self.seconds)
+        return response
+
+
+async def initialize(run: Run, read_text_file: bool) -> None:
+    capabilities = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=read_text_file, write_text_file=False))
+    init = await step(
+        "initialize", run.conn.initialize(protocol_version=1, client_capabilities=capabilities), run.seconds
+    )
+    run.summary["protocolVersion"] = init.protocol_version
+    require(init.protocol_version == 1, f"initialize: protocolVersion {init.protocol_version}")
+
+
+async def new_session(run: Run, label: str) -> str:
+    """session/new in a fresh temporary directory (no MCP servers); its session id."""
+    with tempfile.TemporaryDirectory(prefix="acp-interop-") as cwd:
+        session = await step(label, run.conn.new_session(cwd=cwd, mcp_servers=[]), run.seconds)
+    require(bool(session.session_id), f"{label}: empty sessionId")
+    return session.session_id
+
+
+async def stream_step(run: Run, session_id: str) -> None:
+    """``stream 50 64``: 50 chunks of 64 characters, in order when indexed, then end_turn."""
+    started = time.monotonic()
+    response = await run.prompt("prompt stream", session_id, f"stream {STREAM_COUNT} {STREAM_SIZE}", STREAM_COUNT)
+    run.summary["streamMs"] = round((time.monotonic() - started) * 1000)
+    texts = chunk_texts(run.client.take_updates(), session_id)
+    run.summary["chunks"] = len(texts)
+    run.summary["streamStopReason"] = response.stop_reason
+    require(response.stop_reason == "end_turn", f"stream: stopReason {response.stop_reason!r}")
+    require(len(texts) == STREAM_COUNT, f"stream: {len(texts)} chunks, expected {STREAM_COUNT}")
+    sizes = sorted({len(text) for text in texts})
+    require(sizes == [STREAM_SIZE], f"stream: chunk sizes {sizes}, expected {STREAM_SIZE}")
+    run.summary["order"] = check_stream_order(texts)
+
+
+async def tool_calls_step(run: Run, session_id: str) -> None:
+    """``tool_calls``: tool_call pending -> tool_call_update in_progress -> completed with text
+    content, all for one toolCallId, then the chunk "tool call completed" and end_turn."""
+    response = await run.prompt("prompt tool_calls", session_id, "tool_calls", 1)
+    updates = run.client.take_updates()
+    texts = chunk_texts(updates, session_id)
+    kinds = [getattr(update, "session_update", type(update).__name__) for _, update in updates]
+    tool_updates = [update for _, update in updates if isinstance(update, ToolCallStart | ToolCallProgress)]
+    statuses = [str(update.status) for update in tool_updates]
+    ids = {update.tool_call_id for update in tool_updates}
+    outputs = [
+        item.content.text
+        for update in tool_updates
+        for item in update.content or []
+        if isinstance(item, ContentToolCallContent) and isinstance(item.content, TextContentBlock)
+    ]
+    output = outputs[-1] if outputs else None
+    run.summary["toolCalls"] = statuses
+    run.summary["toolCallOutput"] = output
+    run.summary["toolCallsText"] = texts[-1] if texts else None
+    run.summary["toolCallsStopReason"] = response.stop_reason
+    expected_kinds = ["tool_call", "tool_call_update", "tool_call_update", "agent_message_chunk"]
+    require(kinds == expected_kinds, f"tool_calls: updates {kinds}, expected {expected_kinds}")
+    require(statuses == TOOL_CALL_STATUSES, f"tool_calls: statuses {statuses}, expected {TOOL_CALL_STATUSES}")
+    require(len(ids) == 1, f"tool_calls: {len(ids)} toolCallIds, expected one")
+    require(bool(output), "tool_calls: the completed update has no text content")
+    require(texts == ["tool call completed"], f"tool_calls: chunks {texts}")
+    require(response.stop_reason == "end_turn", f"tool_calls: stopReason {response.stop_reason!r}")
+
+
+async def permission_step(run: Run, session_id: str) -> None:
+    """``permission``: one session/request_permission (allow, reject), answered ``allow``; then
+    the chunk "permission: allow" and end_turn."""
+    asked = len(run.client.permission_requests)
+    response = await run.prompt("prompt permission", session_id, "permission", 1)
+    texts = chunk_texts(run.client.take_updates(), session_id)
+    requests = run.client.permission_requests[asked:]
+    run.summary["permission"] = texts[-1] if texts else None
+    run.summary["permissionStopReason"] = response.stop_reason
+    require(len(requests) == 1, f"permission: {len(requests)} permission requests, expected 1")
+    require(requests[0]["sessionId"] == session_id, "permission: request names another session")
+    require(requests[0]["options"] == PERMISSION_OPTIONS, f"permission: options {requests[0]['options']}")
+    require(texts == [f"permission: {PERMISSION_CHOICE}"], f"permission: chunks {texts}")
+    require(response.stop_reason == "end_turn", f"permission: stopReason {response.stop_reason!r}")
+
+
+async def fs_read_step(run: Run, session_id: str) -> None:
+    """``fs_read FILE_PATH``: one fs/read_text_file for FILE_PATH in this session; the agent says
+    the content back unchanged, then end_turn."""
+    asked = len(run.client.file_reads)
+    response = await run.prompt("prompt fs_read", session_id, f"fs_read {FILE_PATH}", 1)
+    texts = chunk_texts(run.client.take_updates(), session_id)
+    reads = run.client.file_reads[asked:]
+    run.summary["fsRead"] = texts[-1] if texts else None
+    run.summary["fsReadStopReason"] = response.stop_reason
+    require(len(reads) == 1, f"fs_read: {len(reads)} fs/read_text_file requests, expected 1")
+    require(reads[0]["sessionId"] == session_id, "fs_read: request names another session")
+    require(reads[0]["path"] == FILE_PATH, f"fs_read: asked for {reads[0]['path']!r}")
+    require(texts == [FILE_CONTENT], f"fs_read: chunks {texts}")
+    require(response.stop_reason == "end_turn", f"fs_read: stopReason {response.stop_reason!r}")
+
+
+async def cancel_step(run: Run, session_id: str) -> None:
+    """``wait_for_cancel``, then session/cancel once the transport accepted the prompt (plus
+    100 ms): stopReason cancelled."""
+    before = run.wire.sent_methods().count("session/prompt")
+    prompt = [text_block("wait_for_cancel")]
+    prompt_task = asyncio.ensure_future(run.conn.prompt(session_id=session_id, prompt=prompt))
+    try:
+        await step("send wait_for_cancel", run.wire.wait_sent("session/prompt", count=before + 1), run.seconds)
+        await asyncio.sleep(0.1)
+        await step("session/cancel", run.conn.cancel(session_id=session_id), run.seconds)
+        response = await step("prompt wait_for_cancel", asyncio.shield(prompt_task), run.seconds)
+    finally:
+        if not prompt_task.done():
+            prompt_task.cancel()
+    run.summary["cancel"] = response.stop_reason
+    require(response.stop_reason == "cancelled", f"cancel: stopReason {response.stop_reason!r}")
+
+
+async def echo_step(run: Run, session_id: str, text: str) -> str:
+    """``echo <text>`` in one session: exactly the chunk <text>, end_turn; returns the chunk."""
+    response = await run.prompt(f"prompt echo {text}", session_id, f"echo {text}", 1)
+    texts = chunk_texts(run.client.take_updates(), session_id)
+    require(texts == [text], f"echo {text}: chunks {texts}")
+    require(response.stop_reason == "end_turn", f"echo {text}: stopReason {response.stop_reason!r}")
+    return texts[0]
+
+
 async def open_transport(url: str, http_client: httpx.AsyncClient, headers: dict[str, str]) -> Any:
     if _TRANSPORTS[urlparse(url).scheme] == "http":
         from acp.http import create_http_stream
@@ -270,68 +428,19 @@ async def run(url: str, seconds: float, summary: dict[str, Any], token: str | No
 async def scenario(
     url: str, seconds: float, summary: dict[str, Any], http_client: httpx.AsyncClient, headers: dict[str, str]
 ) -> None:
-    client = DemoClient()
+    client = ScenarioClient()
     wire = WireLog()
     transport = await step("connect", open_transport(url, http_client, headers), seconds)
     conn = connect_to_agent(client, transport, use_unstable_protocol=True, observers=[wire])
+    run = Run(conn, client, wire, seconds, summary)
     closed = False
     try:
-        # initialize
-        capabilities = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=False, write_text_file=False))
-        init = await step("initialize", conn.initialize(protocol_version=1, client_capabilities=capabilities), seconds)
-        summary["protocolVersion"] = init.protocol_version
-        require(init.protocol_version == 1, f"initialize: protocolVersion {init.protocol_version}")
-
-        # session/new
-        with tempfile.TemporaryDirectory(prefix="acp-interop-") as cwd:
-            session = await step("session/new", conn.new_session(cwd=cwd, mcp_servers=[]), seconds)
-        session_id = session.session_id
-        require(bool(session_id), "session/new: empty sessionId")
+        await initialize(run, read_text_file=False)
+        session_id = await new_session(run, "session/new")
         summary["session"] = True
-
-        # stream 50 64
-        client.take_updates()
-        started = time.monotonic()
-        prompt = [text_block(f"stream {STREAM_COUNT} {STREAM_SIZE}")]
-        response = await step("prompt stream", conn.prompt(session_id=session_id, prompt=prompt), seconds)
-        await step("stream updates", client.wait_for_chunks(STREAM_COUNT), seconds)
-        summary["streamMs"] = round((time.monotonic() - started) * 1000)
-        texts = chunk_texts(client.take_updates(), session_id)
-        summary["chunks"] = len(texts)
-        summary["streamStopReason"] = response.stop_reason
-        require(response.stop_reason == "end_turn", f"stream: stopReason {response.stop_reason!r}")
-        require(len(texts) == STREAM_COUNT, f"stream: {len(texts)} chunks, expected {STREAM_COUNT}")
-        sizes = sorted({len(text) for text in texts})
-        require(sizes == [STREAM_SIZE], f"stream: chunk sizes {sizes}, expected {STREAM_SIZE}")
-        summary["order"] = check_stream_order(texts)
-
-        # permission, answered with `allow`
-        prompt = [text_block("permission")]
-        response = await step("prompt permission", conn.prompt(session_id=session_id, prompt=prompt), seconds)
-        await step("permission update", client.wait_for_chunks(1), seconds)
-        texts = chunk_texts(client.take_updates(), session_id)
-        summary["permission"] = texts[-1] if texts else None
-        summary["permissionStopReason"] = response.stop_reason
-        requests = client.permission_requests
-        require(len(requests) == 1, f"permission: {len(requests)} permission requests, expected 1")
-        require(requests[0]["sessionId"] == session_id, "permission: request names another session")
-        require(requests[0]["options"] == PERMISSION_OPTIONS, f"permission: options {requests[0]['options']}")
-        require(texts == [f"permission: {PERMISSION_CHOICE}"], f"permission: chunks {texts}")
-        require(response.stop_reason == "end_turn", f"permission: stopReason {response.stop_reason!r}")
-
-        # wait_for_cancel, then session/cancel once the prompt is in flight
-        prompt = [text_block("wait_for_cancel")]
-        prompt_task = asyncio.ensure_future(conn.prompt(session_id=session_id, prompt=prompt))
-        try:
-            await step("send wait_for_cancel", wire.wait_sent("session/prompt", count=3), seconds)
-            await asyncio.sleep(0.1)
-            await step("session/cancel", conn.cancel(session_id=session_id), seconds)
-            response = await step("prompt wait_for_cancel", asyncio.shield(prompt_task), seconds)
-        finally:
-            if not prompt_task.done():
-                prompt_task.cancel()
-        summary["cancel"] = response.stop_reason
-        require(response.stop_reason == "cancelled", f"cancel: stopReason {response.stop_reason!r}")
+        await stream_step(run, session_id)
+        await permission_step(run, session_id)
+        await cancel_step(run, session_id)
 
         # close: the HTTP transport DELETEs the connection, the WebSocket one closes the socket
         await step("close", conn.close(), seconds)

@@ -12,8 +12,8 @@
  * SDK's `headers` option; --token-subprotocol (ws only): send it instead as a browser must,
  * offering subprotocols `acp` and `acp.bearer.<token>` (the SDK's `protocols` option).
  *
- * Runs the interop scenario against a server hosting the demo agent (see ../README.md):
- * initialize -> session/new -> `stream 50 64` -> `permission` (answers `allow`)
+ * Runs the interop scenario against a server hosting the demo agent (see ../README.md), its steps
+ * from scenario.mjs: initialize -> session/new -> `stream 50 64` -> `permission` (answers `allow`)
  * -> `wait_for_cancel` + session/cancel -> close (DELETE on HTTP, socket close on WS).
  * Prints exactly one JSON line on stdout; exit 0 when every check passed, 1 when one failed
  * (with `status` when an HTTP status refused it, e.g. 401), 2 on bad usage.
@@ -21,87 +21,27 @@
  * SDK 2.x has no ClientSideConnection any more: its replacement is the `client()` app
  * (onRequest/onNotification handlers) connected to a transport Stream.
  */
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-
-import { client, methods } from "@agentclientprotocol/sdk";
 import { createHttpStream } from "@agentclientprotocol/sdk/experimental/http-client";
 import { createWebSocketStream } from "@agentclientprotocol/sdk/experimental/ws-client";
 import { WebSocket } from "ws";
 
-/** @typedef {import("@agentclientprotocol/sdk").SessionNotification} SessionNotification */
-/** @typedef {import("@agentclientprotocol/sdk").RequestPermissionResponse} RequestPermissionResponse */
+import {
+  cancelStep,
+  check,
+  describeError,
+  describeMessage,
+  initialize,
+  newSession,
+  parseJson,
+  permissionStep,
+  ScenarioClient,
+  sdkVersion,
+  step,
+  streamStep,
+  waitUntil,
+} from "./scenario.mjs";
 
-const STREAM_COUNT = 50;
-const STREAM_SIZE = 64;
-const PERMISSION_OPTIONS = ["allow", "reject"];
-const PERMISSION_CHOICE = "allow";
 const CLOSE_MS = 5000;
-
-class CheckFailed extends Error {}
-
-/**
- * @param {boolean} condition
- * @param {string} message
- * @returns {asserts condition}
- */
-function check(condition, message) {
-  if (!condition) throw new CheckFailed(message);
-}
-
-/**
- * Await one scenario step, turning a hang into a failure.
- * @template T
- * @param {string} label
- * @param {Promise<T>} promise
- * @param {number} ms
- * @returns {Promise<T>}
- */
-async function step(label, promise, ms) {
-  /** @type {NodeJS.Timeout | undefined} */
-  let timer;
-  const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new CheckFailed(`${label}: timed out after ${ms / 1000}s`)), ms);
-  });
-  try {
-    return await Promise.race([promise, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-/** Resolves after pending I/O callbacks and microtasks (queued notification handlers) ran. */
-const tick = () => new Promise((resolve) => setImmediate(resolve));
-
-/**
- * Poll `predicate` every event-loop turn until it holds or `ms` elapsed.
- * @param {() => boolean} predicate
- * @param {number} ms
- */
-async function waitUntil(predicate, ms) {
-  const deadline = Date.now() + ms;
-  while (!predicate() && Date.now() < deadline) await tick();
-  return predicate();
-}
-
-/** @param {unknown} body */
-function parseJson(body) {
-  if (typeof body !== "string") return undefined;
-  try {
-    return JSON.parse(body);
-  } catch {
-    return undefined;
-  }
-}
-
-/** @param {any} message */
-function describeMessage(message) {
-  if (!message || typeof message !== "object") return undefined;
-  if ("method" in message)
-    return "id" in message ? `request ${message.method}` : `notification ${message.method}`;
-  return "id" in message ? "response" : undefined;
-}
 
 /**
  * @typedef {object} Exchange One HTTP request made by the SDK's HTTP transport.
@@ -124,13 +64,6 @@ function refusalStatus(error) {
   }
   const match = /Unexpected server response: (\d+)/.exec(String(error instanceof Error ? error.message : error));
   return match ? Number(match[1]) : undefined;
-}
-
-/** @param {unknown} error */
-function describeError(error) {
-  if (error instanceof CheckFailed) return error.message;
-  if (error instanceof Error) return `${error.constructor.name}: ${error.message}`;
-  return `error: ${JSON.stringify(error)}`;
 }
 
 /**
@@ -268,58 +201,6 @@ class WireLog {
 }
 
 /**
- * Texts of agent_message_chunk updates; every update must belong to `sessionId`.
- * @param {SessionNotification[]} updates
- * @param {string} sessionId
- */
-function chunkTexts(updates, sessionId) {
-  /** @type {string[]} */
-  const texts = [];
-  for (const notification of updates) {
-    check(
-      notification.sessionId === sessionId,
-      `session/update for another session: ${notification.sessionId}`,
-    );
-    const update = notification.update;
-    if (update.sessionUpdate === "agent_message_chunk") {
-      check(
-        update.content.type === "text",
-        `non-text agent_message_chunk: ${JSON.stringify(update.content)}`,
-      );
-      texts.push(update.content.text);
-    }
-  }
-  return texts;
-}
-
-/**
- * Chunks that start with a decimal index must count up by one; otherwise order is unchecked.
- * @param {string[]} texts
- */
-function checkStreamOrder(texts) {
-  /** @type {number[]} */
-  const indices = [];
-  for (const text of texts) {
-    const match = /^(\d+)/.exec(text);
-    if (!match) return "unchecked";
-    indices.push(Number(match[1]));
-  }
-  const start = indices.length ? indices[0] : 0;
-  const inOrder = indices.every((index, position) => index === start + position);
-  check(inOrder, `stream: chunks out of order: ${JSON.stringify(indices)}`);
-  return "indexed";
-}
-
-function sdkVersion() {
-  try {
-    const url = new URL("./node_modules/@agentclientprotocol/sdk/package.json", import.meta.url);
-    return JSON.parse(readFileSync(url, "utf8")).version;
-  } catch {
-    return undefined;
-  }
-}
-
-/**
  * @param {string} url
  * @param {"http" | "ws"} transport
  * @param {number} ms
@@ -328,25 +209,7 @@ function sdkVersion() {
  * @param {{token?: string, subprotocol?: boolean}} [auth]
  */
 async function scenario(url, transport, ms, wire, summary, auth = {}) {
-  /** @type {SessionNotification[]} */
-  let updates = [];
-  /** @type {{sessionId: string, options: string[]}[]} */
-  const permissionRequests = [];
-
-  const app = client({ name: "acp-channels-interop-ts" })
-    .onNotification(methods.client.session.update, ({ params }) => {
-      updates.push(params);
-    })
-    .onRequest(methods.client.session.requestPermission, ({ params }) => {
-      const options = params.options.map((option) => option.optionId);
-      permissionRequests.push({ sessionId: params.sessionId, options });
-      /** @type {RequestPermissionResponse} */
-      const response = options.includes(PERMISSION_CHOICE)
-        ? { outcome: { outcome: "selected", optionId: PERMISSION_CHOICE } }
-        : { outcome: { outcome: "cancelled" } };
-      return response;
-    });
-
+  const scenarioClient = new ScenarioClient("acp-channels-interop-ts");
   /** @type {Record<string, string>} */
   const headers = auth.token && !auth.subprotocol ? { Authorization: `Bearer ${auth.token}` } : {};
   const protocols = auth.token && auth.subprotocol ? ["acp", `acp.bearer.${auth.token}`] : undefined;
@@ -354,118 +217,25 @@ async function scenario(url, transport, ms, wire, summary, auth = {}) {
     transport === "http"
       ? createHttpStream(url, { fetch: wire.fetch(), headers })
       : createWebSocketStream(url, { WebSocket: wire.webSocket(), headers, protocols });
-  const connection = app.connect(stream);
-  const agent = connection.agent;
-  const takeUpdates = () => {
-    const taken = updates;
-    updates = [];
-    return taken;
-  };
-  /**
-   * Send a prompt and wait for its response plus the notifications queued before it (the SDK
-   * dispatches notifications asynchronously, so the last ones may land just after the response).
-   * @param {string} label
-   * @param {string} sessionId
-   * @param {string} text
-   * @param {number} expectedChunks
-   */
-  const prompt = async (label, sessionId, text, expectedChunks) => {
-    const response = await step(
-      label,
-      agent.request(methods.agent.session.prompt, { sessionId, prompt: [{ type: "text", text }] }),
-      ms,
-    );
-    const count = () => updates.filter((n) => n.update.sessionUpdate === "agent_message_chunk").length;
-    await waitUntil(() => count() >= expectedChunks, 1000);
-    await tick();
-    return response;
+  const connection = scenarioClient.app.connect(stream);
+  /** @type {import("./scenario.mjs").Run} */
+  const run = {
+    agent: connection.agent,
+    client: scenarioClient,
+    ms,
+    summary,
+    // accepted = answered 2xx (HTTP) / frame sent (WebSocket)
+    promptsSent: () => wire.sentMethods().filter((m) => m === "session/prompt").length,
   };
 
   let closed = false;
   try {
-    const init = await step(
-      "initialize",
-      agent.request(methods.agent.initialize, {
-        protocolVersion: 1,
-        clientCapabilities: { fs: { readTextFile: false, writeTextFile: false } },
-        clientInfo: { name: "acp-channels-interop-ts", version: "0.0.0" },
-      }),
-      ms,
-    );
-    summary.protocolVersion = init.protocolVersion;
-    check(init.protocolVersion === 1, `initialize: protocolVersion ${init.protocolVersion}`);
-
-    const cwd = mkdtempSync(join(tmpdir(), "acp-interop-"));
-    let sessionId;
-    try {
-      const session = await step(
-        "session/new",
-        agent.request(methods.agent.session.new, { cwd, mcpServers: [] }),
-        ms,
-      );
-      sessionId = session.sessionId;
-    } finally {
-      rmSync(cwd, { recursive: true, force: true });
-    }
-    check(typeof sessionId === "string" && sessionId.length > 0, "session/new: empty sessionId");
+    await initialize(run, { readTextFile: false });
+    const sessionId = await newSession(run, "session/new");
     summary.session = true;
-
-    // stream 50 64
-    takeUpdates();
-    const started = Date.now();
-    let response = await prompt(
-      "prompt stream",
-      sessionId,
-      `stream ${STREAM_COUNT} ${STREAM_SIZE}`,
-      STREAM_COUNT,
-    );
-    summary.streamMs = Date.now() - started;
-    let texts = chunkTexts(takeUpdates(), sessionId);
-    summary.chunks = texts.length;
-    summary.streamStopReason = response.stopReason;
-    check(response.stopReason === "end_turn", `stream: stopReason ${response.stopReason}`);
-    check(texts.length === STREAM_COUNT, `stream: ${texts.length} chunks, expected ${STREAM_COUNT}`);
-    const sizes = [...new Set(texts.map((text) => text.length))].sort((a, b) => a - b);
-    check(
-      sizes.length === 1 && sizes[0] === STREAM_SIZE,
-      `stream: chunk sizes ${JSON.stringify(sizes)}, expected ${STREAM_SIZE}`,
-    );
-    summary.order = checkStreamOrder(texts);
-
-    // permission, answered with `allow`
-    response = await prompt("prompt permission", sessionId, "permission", 1);
-    texts = chunkTexts(takeUpdates(), sessionId);
-    summary.permission = texts.length ? texts[texts.length - 1] : null;
-    summary.permissionStopReason = response.stopReason;
-    check(
-      permissionRequests.length === 1,
-      `permission: ${permissionRequests.length} permission requests, expected 1`,
-    );
-    check(permissionRequests[0].sessionId === sessionId, "permission: request names another session");
-    check(
-      JSON.stringify(permissionRequests[0].options) === JSON.stringify(PERMISSION_OPTIONS),
-      `permission: options ${JSON.stringify(permissionRequests[0].options)}`,
-    );
-    check(
-      texts.length === 1 && texts[0] === `permission: ${PERMISSION_CHOICE}`,
-      `permission: chunks ${JSON.stringify(texts)}`,
-    );
-    check(response.stopReason === "end_turn", `permission: stopReason ${response.stopReason}`);
-
-    // wait_for_cancel, then session/cancel once the prompt is in flight
-    const promptCount = () => wire.sentMethods().filter((m) => m === methods.agent.session.prompt).length;
-    const pending = agent.request(methods.agent.session.prompt, {
-      sessionId,
-      prompt: [{ type: "text", text: "wait_for_cancel" }],
-    });
-    pending.catch(() => {});
-    const inFlight = await waitUntil(() => promptCount() >= 3, ms);
-    check(inFlight, "send wait_for_cancel: the prompt was not accepted by the server in time");
-    await new Promise((resolve) => setTimeout(resolve, 100));
-    await step("session/cancel", agent.notify(methods.agent.session.cancel, { sessionId }), ms);
-    response = await step("prompt wait_for_cancel", pending, ms);
-    summary.cancel = response.stopReason;
-    check(response.stopReason === "cancelled", `cancel: stopReason ${response.stopReason}`);
+    await streamStep(run, sessionId);
+    await permissionStep(run, sessionId);
+    await cancelStep(run, sessionId);
 
     // close: the HTTP transport DELETEs the connection, the WebSocket one closes the socket
     connection.close();

@@ -7,13 +7,16 @@
  *
  *   node server.mjs [PORT]      # 0 (default) picks a free port
  *
- * Prints `LISTENING <port>` on stdout once it accepts connections. Each connection gets its own
- * small agent whose prompts are text commands, like the demo agent's:
+ * Prints `LISTENING <port>` on stdout once it accepts connections, and `CONNECTIONS <n>` (how many
+ * ACP connections are open) whenever one opens or ends, so tests can see that none is left.
+ * Each connection gets its own small agent whose prompts are text commands, like the demo agent's:
  *   echo <text>           one agent_message_chunk with exactly <text>
  *   stream <n> <bytes>    n chunks of exactly <bytes> characters ("00:xxx…")
  *   permission            session/request_permission (allow / reject), then "permission: <id>"
  *   wait_for_cancel       nothing until session/cancel; stopReason "cancelled"
- *   tool_calls            a tool call pending -> in_progress -> completed
+ *   tool_calls            a tool call pending -> in_progress -> completed, then "tool call completed"
+ *   fs_read <path>        fs/read_text_file for <path> (if the client advertised fs.readTextFile),
+ *                         then one chunk with exactly the content it answered
  *   fail                  a JSON-RPC error (-32603 "ts failure")
  *   anything else         "You said: <text>"
  */
@@ -30,6 +33,8 @@ const PATH = "/acp";
 function createAgent() {
   /** @type {Map<string, Set<AbortController>>} turns in flight per session */
   const sessions = new Map();
+  /** What the client advertised in initialize: fs_read only calls what it may. */
+  let readTextFile = false;
 
   /**
    * @param {import("@agentclientprotocol/sdk").AgentContext} client
@@ -50,12 +55,15 @@ function createAgent() {
     });
 
   return agent({ name: "ts-peer-agent" })
-    .onRequest(methods.agent.initialize, () => ({
-      protocolVersion: PROTOCOL_VERSION,
-      agentCapabilities: { loadSession: false },
-      authMethods: [],
-      agentInfo: { name: "ts-peer-agent", title: "TS SDK peer agent", version: "2.4.0" },
-    }))
+    .onRequest(methods.agent.initialize, ({ params }) => {
+      readTextFile = params.clientCapabilities?.fs?.readTextFile === true;
+      return {
+        protocolVersion: PROTOCOL_VERSION,
+        agentCapabilities: { loadSession: false },
+        authMethods: [],
+        agentInfo: { name: "ts-peer-agent", title: "TS SDK peer agent", version: "2.4.0" },
+      };
+    })
     .onRequest(methods.agent.session.new, () => {
       const sessionId = `ts-${randomUUID()}`;
       sessions.set(sessionId, new Set());
@@ -120,6 +128,15 @@ function createAgent() {
             await say(client, sessionId, "tool call completed");
             break;
           }
+          case "fs_read": {
+            if (!readTextFile) {
+              await say(client, sessionId, "cannot read: the client did not advertise fs.readTextFile");
+              break;
+            }
+            const file = await client.request(methods.client.fs.readTextFile, { sessionId, path: argument });
+            await say(client, sessionId, file.content);
+            break;
+          }
           case "fail":
             throw new RequestError(-32603, "ts failure", { details: "ts failure" });
           default:
@@ -132,7 +149,34 @@ function createAgent() {
     });
 }
 
-const acpServer = new AcpServer({ createAgent });
+let openConnections = 0;
+/** @param {number} change */
+const countConnections = (change) => {
+  openConnections += change;
+  process.stdout.write(`CONNECTIONS ${openConnections}\n`);
+};
+
+/**
+ * createAgent, counting the connections: each agent app serves one, until its stream ends.
+ * @returns {import("@agentclientprotocol/sdk").AgentConnector}
+ */
+const createCountedAgent = () => {
+  const app = createAgent();
+  return {
+    connect(stream, options) {
+      // The server's options (deferConnectHandlers) must reach the app, which accepts them.
+      const connectWithOptions = /** @type {(s: typeof stream, o: typeof options) => ReturnType<typeof app.connect>} */ (
+        app.connect.bind(app)
+      );
+      const connection = connectWithOptions(stream, options);
+      countConnections(1);
+      void connection.closed.then(() => countConnections(-1));
+      return connection;
+    },
+  };
+};
+
+const acpServer = new AcpServer({ createAgent: createCountedAgent });
 const handleHttp = createNodeHttpHandler(acpServer);
 const webSockets = new WebSocketServer({ noServer: true });
 const handleUpgrade = createNodeWebSocketUpgradeHandler(acpServer, webSockets);
