@@ -265,6 +265,7 @@ class CutProxy:
                 client_writer.transport.abort()  # that worker is down: the client sees a reset
                 return
             connection.upstream_writer = upstream_writer
+
             parser = _RequestParser(lambda request: connection.requests.append(request))
             await asyncio.gather(
                 self._pipe_up(connection, client_reader, upstream_writer, parser),

@@ -180,7 +180,8 @@ async def test_the_remote_ending_the_connection_fails_every_pending_request(
 async def test_the_server_dying_fails_every_pending_request(transport: str, tmp_path: Path) -> None:
     server = DaphneServer().start()
     try:
-        async with BridgeProcess(endpoint(server, transport)) as bridge:
+        # The bridge tries to resume the dropped streams, for a bounded time.
+        async with BridgeProcess(endpoint(server, transport), "--reconnect-for", "2") as bridge:
             await bridge.initialize()
             session_id = await bridge.new_session(str(tmp_path))
             prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": "wait_for_cancel"}]}

@@ -16,7 +16,6 @@ import pytest
 from acp_channels.client import (
     Backoff,
     HttpClient,
-    ReconnectEvent,
     ReconnectGaveUpError,
     ResumeFailedError,
     ResumeRefusedError,
@@ -26,7 +25,7 @@ from acp_channels.client import (
 )
 from tests.cut_proxy import CutProxy, session_stream, streams
 from tests.peers.fakes import CONNECTION_ID, FakeAcp, Reply, Request, within
-from tests.peers.resumable import ResumableSse, ResumableWs, notification, rpc_result
+from tests.peers.resumable import EventLog, ResumableSse, ResumableWs, notification, rpc_result
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,31 +39,6 @@ def rpc(request_id: Any, method: str, params: Any = None) -> dict[str, Any]:
     if params is not None:
         message["params"] = params
     return message
-
-
-class Events:
-    """What `on_reconnect` was told, awaitable."""
-
-    def __init__(self) -> None:
-        self.seen: list[ReconnectEvent] = []
-        self._changed = asyncio.Event()
-
-    def __call__(self, event: ReconnectEvent) -> None:
-        self.seen.append(event)
-        self._changed.set()
-
-    @property
-    def kinds(self) -> list[str]:
-        return [event.kind for event in self.seen]
-
-    async def wait_for(self, kind: str) -> ReconnectEvent:
-        async with asyncio.timeout(20):
-            while True:
-                for event in self.seen:
-                    if event.kind == kind:
-                        return event
-                self._changed.clear()
-                await self._changed.wait()
 
 
 @pytest.fixture
@@ -101,7 +75,7 @@ def burst(resumable: ResumableSse, session_id: str | None, count: int, pad: int 
 @pytest.mark.parametrize("advertise", [True, False], ids=["advertised", "ids-only"])
 async def test_a_cut_mid_burst_loses_and_repeats_nothing(fake: FakeAcp, proxied: CutProxy, advertise: bool) -> None:
     resumable = ResumableSse(fake, advertise=advertise)
-    events = Events()
+    events = EventLog()
     client = await initialized(proxied.url, reconnect=FAST, on_reconnect=events)
     cut = proxied.cut_after(7_000, session_stream(None))  # in the middle of an event
     burst(resumable, None, 300)
@@ -109,7 +83,7 @@ async def test_a_cut_mid_burst_loses_and_repeats_nothing(fake: FakeAcp, proxied:
     assert (await within(cut)).cut
     resumed = [r for r in fake.of("GET") if "last-event-id" in r.headers]
     assert len(resumed) == 1 and resumed[0].headers["last-event-id"].startswith("t1-")
-    assert events.kinds == ["reconnecting", "resumed"]
+    assert events.kinds() == ["reconnecting", "resumed"]
     assert events.seen[0].what == "connection stream" and events.seen[0].attempt == 1
     assert not client.reconnecting and client.error is None
     await client.close()
@@ -152,7 +126,7 @@ async def test_events_sent_again_are_skipped(fake: FakeAcp, proxied: CutProxy) -
 
 async def test_a_stream_without_ids_is_resumed_only_when_advertised(fake: FakeAcp, proxied: CutProxy) -> None:
     resumable = ResumableSse(fake, ids=False, advertise=True)
-    events = Events()
+    events = EventLog()
     client = await initialized(proxied.url, reconnect=FAST, on_reconnect=events)
     proxied.cut(session_stream(None))
     await events.wait_for("resumed")
@@ -174,11 +148,11 @@ async def test_a_409_to_a_plain_retry_is_retried(fake: FakeAcp, proxied: CutProx
         return await original(request)
 
     original, fake.on_get = fake.on_get, on_get
-    events = Events()
+    events = EventLog()
     client = await initialized(proxied.url, reconnect=FAST, on_reconnect=events)
     proxied.cut(session_stream(None))
     await events.wait_for("resumed")
-    assert events.kinds == ["reconnecting"] * 3 + ["resumed"]
+    assert events.kinds() == ["reconnecting"] * 3 + ["resumed"]
     resumable.push(None, notification("x/item", {"index": 0}))
     assert await receive_items(client, 1) == [0]
     await client.close()
@@ -189,7 +163,7 @@ async def test_a_409_to_a_plain_retry_is_retried(fake: FakeAcp, proxied: CutProx
 
 async def test_no_ids_and_no_advertisement_keeps_a_drop_fatal(fake: FakeAcp, proxied: CutProxy) -> None:
     ResumableSse(fake, ids=False, advertise=False)
-    events = Events()
+    events = EventLog()
     client = await initialized(proxied.url, on_reconnect=events)  # the default Backoff
     proxied.cut(session_stream(None))
     with pytest.raises(StreamEndedError):
@@ -218,7 +192,7 @@ async def test_reconnect_none_keeps_every_drop_fatal(fake: FakeAcp, proxied: Cut
 async def test_a_409_to_a_resume_is_fatal_and_says_why(fake: FakeAcp, proxied: CutProxy, body: str) -> None:
     resumable = ResumableSse(fake)
     resumable.refusals.append(Reply(409, body, {"content-type": "text/plain"}))
-    events = Events()
+    events = EventLog()
     client = await initialized(proxied.url, reconnect=FAST, on_reconnect=events)
     burst(resumable, None, 3)
     assert await receive_items(client, 3) == [0, 1, 2]
@@ -227,7 +201,7 @@ async def test_a_409_to_a_resume_is_fatal_and_says_why(fake: FakeAcp, proxied: C
         await within(client.receive())
     assert refused.value.status_code == 409 and body in str(refused.value)
     assert "GET connection stream" in str(refused.value)
-    assert events.kinds == ["reconnecting", "gave-up"] and events.seen[-1].error is refused.value
+    assert events.kinds() == ["reconnecting", "gave-up"] and events.seen[-1].error is refused.value
     await within(fake.wait_for(lambda: bool(fake.of("DELETE"))))
     await client.close()
 
@@ -235,7 +209,7 @@ async def test_a_409_to_a_resume_is_fatal_and_says_why(fake: FakeAcp, proxied: C
 async def test_giving_up_after_the_bounded_time(fake: FakeAcp, proxied: CutProxy) -> None:
     resumable = ResumableSse(fake)
     resumable.refusals.extend([Reply(503, "busy")] * 1000)
-    events = Events()
+    events = EventLog()
     client = await initialized(
         proxied.url, reconnect=Backoff(initial=0.01, maximum=0.05, give_up_after=0.5), on_reconnect=events
     )
@@ -247,7 +221,7 @@ async def test_giving_up_after_the_bounded_time(fake: FakeAcp, proxied: CutProxy
     assert gave_up.value.attempts >= 2 and gave_up.value.elapsed >= 0.5
     assert "gave up reconnecting the connection stream after" in str(gave_up.value)
     assert "HTTP 503" in str(gave_up.value.last_error)
-    assert events.kinds[-1] == "gave-up" and set(events.kinds[:-1]) == {"reconnecting"}
+    assert events.kinds()[-1] == "gave-up" and set(events.kinds()[:-1]) == {"reconnecting"}
     await client.close()
 
 
@@ -285,7 +259,7 @@ async def test_restart_initializes_again_and_loads_the_sessions(fake: FakeAcp, p
             resumable.push(None, rpc_result(message["id"], {"fine": True}))
 
     fake.on_call = on_call
-    events = Events()
+    events = EventLog()
     client = await initialized(proxied.url, reconnect=FAST, restart=True, on_reconnect=events)
     await within(client.send(rpc(1, "session/new", {"cwd": "/work", "mcpServers": []})))
     assert (await within(client.receive()))["result"] == {"sessionId": "s1"}  # type: ignore[index]
@@ -346,7 +320,7 @@ async def ws_initialized(url: str, **options: Any) -> HttpClient:
 
 async def test_websocket_cut_mid_burst_loses_and_repeats_nothing() -> None:
     async with ResumableWs() as server, CutProxy(server.port) as proxy:
-        events = Events()
+        events = EventLog()
         client = await ws_initialized(proxy.ws_url, reconnect=FAST, on_reconnect=events)
         cut = proxy.cut_after(20_000, lambda connection: connection.websocket)
         await within(client.send(rpc(1, "x/burst", {"count": 500, "pad": 100})))
@@ -358,14 +332,14 @@ async def test_websocket_cut_mid_burst_loses_and_repeats_nothing() -> None:
         reattach = state.upgrades[1]
         assert reattach["acp-connection-id"] == state.id
         assert 0 < int(reattach["last-event-id"]) < 502  # what had arrived when the cut came
-        assert events.kinds == ["reconnecting", "resumed"] and events.seen[0].what == "WebSocket"
+        assert events.kinds() == ["reconnecting", "resumed"] and events.seen[0].what == "WebSocket"
         assert client.connection_id == state.id
         await client.close()
 
 
 async def test_websocket_messages_the_server_missed_are_sent_again_in_order() -> None:
     async with ResumableWs() as server, CutProxy(server.port) as proxy:
-        events = Events()
+        events = EventLog()
         client = await ws_initialized(proxy.ws_url, reconnect=FAST, on_reconnect=events)
         for number in range(1, 4):
             await within(client.send(rpc(number, "x/echo", {"n": number})))
@@ -428,20 +402,20 @@ async def test_websocket_close_1000_from_the_server_is_fatal() -> None:
 @pytest.mark.parametrize("status", [404, 409])
 async def test_websocket_reattach_refused_is_fatal(status: int) -> None:
     async with ResumableWs() as server, CutProxy(server.port) as proxy:
-        events = Events()
+        events = EventLog()
         client = await ws_initialized(proxy.ws_url, reconnect=FAST, on_reconnect=events)
         server.refuse_next = (status, "refused for the test\n")
         proxy.cut(lambda connection: connection.websocket)
         with pytest.raises(ResumeRefusedError) as refused:
             await within(client.receive())
         assert refused.value.status_code == status and "refused for the test" in str(refused.value)
-        assert events.kinds == ["reconnecting", "gave-up"]
+        assert events.kinds() == ["reconnecting", "gave-up"]
         await client.close()
 
 
 async def test_websocket_restart_after_the_server_forgot_the_connection() -> None:
     async with ResumableWs() as server, CutProxy(server.port) as proxy:
-        events = Events()
+        events = EventLog()
         client = await ws_initialized(proxy.ws_url, reconnect=FAST, restart=True, on_reconnect=events)
         await within(client.send(rpc(1, "session/new", {"cwd": "/w", "mcpServers": []})))
         assert (await within(client.receive()))["result"] == {"sessionId": "s-1"}  # type: ignore[index]

@@ -5,6 +5,7 @@ before (and beside) the real one:
   them all, and answer a GET with `Last-Event-ID` with the events after it, then live ones; it
   can advertise resuming in `initialize`'s `_meta`, refuse a resume (409 / 404), or misbehave by
   sending a few events again (the client must skip them).
+* `EventLog` keeps what `HttpClient(on_reconnect=...)` was told.
 * `ResumableWs` is a `websockets` server whose connections outlive their sockets: messages both
   ways are numbered, a reattach (`Acp-Connection-Id` + `Last-Event-ID`) gets `Acp-Received` and
   the messages after `Last-Event-ID`. A tiny agent answers `initialize` (advertising resume and
@@ -28,9 +29,36 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as WsRequest
 from websockets.http11 import Response as WsResponse
 
+from acp_channels.client import ReconnectEvent
 from tests.peers.fakes import CONNECTION_ID, Answer, FakeAcp, Reply, Request, Stream, sse
 
 RESUME_META = {"acp-channels/resume": {"sse": True, "websocket": True, "windowEvents": 4096}}
+
+
+class EventLog:
+    """An `on_reconnect` callback that keeps what it was told, and can wait for a kind."""
+
+    def __init__(self) -> None:
+        self.seen: list[ReconnectEvent] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, event: ReconnectEvent) -> None:
+        self.seen.append(event)
+        self._changed.set()
+
+    def kinds(self, what: str | None = None) -> list[str]:
+        """The kinds told so far (about `what` only, when given)."""
+        return [event.kind for event in self.seen if what is None or event.what == what]
+
+    async def wait_for(self, kind: str, timeout: float = 30.0) -> ReconnectEvent:
+        """The first event of `kind` (waits for it)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                for event in self.seen:
+                    if event.kind == kind:
+                        return event
+                self._changed.clear()
+                await self._changed.wait()
 
 
 def rpc_result(request_id: Any, value: Any) -> dict[str, Any]:
