@@ -24,7 +24,7 @@ from acp_channels.client import (
     transport_ws,
 )
 from tests.cut_proxy import CutProxy, session_stream, streams
-from tests.peers.fakes import CONNECTION_ID, FakeAcp, Reply, Request, within
+from tests.peers.fakes import CONNECTION_ID, Answer, FakeAcp, Reply, Request, within
 from tests.peers.resumable import EventLog, ResumableSse, ResumableWs, notification, rpc_result
 
 pytestmark = pytest.mark.timeout(60)
@@ -285,6 +285,31 @@ async def test_restart_initializes_again_and_loads_the_sessions(fake: FakeAcp, p
     await within(client.send(rpc(3, "x/after")))
     assert await within(client.receive()) == rpc_result(3, {"fine": True})
     assert fake.of("POST", rpc_method="x/after")[0].connection_id == f"{CONNECTION_ID}-2"
+    await client.close()
+
+
+async def test_a_post_finding_the_connection_gone_restarts_and_is_answered_with_an_error(
+    fake: FakeAcp, proxied: CutProxy
+) -> None:
+    """The connection vanished while the streams still look fine: the next POST gets 404."""
+    ResumableSse(fake)
+
+    async def on_post(request: Request) -> Answer:
+        if request.connection_id == CONNECTION_ID:
+            return Reply(404)
+        return Reply(202)
+
+    events = EventLog()
+    client = await initialized(proxied.url, reconnect=FAST, restart=True, on_reconnect=events)
+    fake.on_post = on_post
+    await within(client.send(rpc(7, "x/late")))  # accepted: the restart answers it
+    failed = await within(client.receive())
+    assert failed is not None and failed["id"] == 7 and failed["error"]["data"]["acpChannels"] == "connection-restarted"
+    restarted = await events.wait_for("restarted")
+    assert restarted.requests_failed == 1 and restarted.connection_id == f"{CONNECTION_ID}-2"
+    assert client.error is None
+    await within(client.send(rpc(8, "x/next")))
+    assert fake.of("POST", rpc_method="x/next")[0].connection_id == f"{CONNECTION_ID}-2"
     await client.close()
 
 

@@ -364,6 +364,8 @@ class HttpTransport(TransportBase):
         return stream
 
     async def _wait_established(self, session_id: str | None) -> None:
+        if self._restart_task is not None and asyncio.current_task() is not self._restart_task:
+            return  # the connection is being replaced: what is sent now finds it gone (answered by the restart)
         stream = self._open_stream(session_id)
         if stream is None:
             raise self._closed_error()
@@ -390,7 +392,10 @@ class HttpTransport(TransportBase):
             if self._close_started or self.error is not None:
                 return
             if not stream.connected:
-                self._fail(error)  # it never opened: as in the reference
+                if isinstance(error, HttpStatusError) and error.status_code == 404 and self._restart:
+                    self._connection_gone(error, connection_id, stream.name)
+                else:
+                    self._fail(error)  # it never opened: as in the reference
                 return
             if isinstance(error, HttpStatusError) and not self._retry_status(error, sent_event_id is not None):
                 if error.status_code == 404:
@@ -540,10 +545,11 @@ class HttpTransport(TransportBase):
         """A new connection in place of `previous`, which the server forgot: initialize with the
         same params, reopen the streams, `session/load` every open session."""
         try:
+            # Before taking the lanes: a send waiting for a stream to open goes on (see _wait_established).
+            await self._stop_streams()
             async with self._call_lane, self._response_lane:
                 if self.closed:
                     return
-                await self._stop_streams()
                 failed = self._ledger.take_outstanding()
                 for request_id in failed:
                     self._inbox.put(restart_error(request_id))
@@ -570,10 +576,12 @@ class HttpTransport(TransportBase):
         streams = list(self._streams.values())
         self._streams.clear()
         for stream in streams:
-            if stream.task is not None:
+            if stream.task is not None and stream.task is not asyncio.current_task():
                 stream.task.cancel()
+            if not stream.established.done():
+                stream.established.set_result(None)
         for stream in streams:
-            if stream.task is not None:
+            if stream.task is not None and stream.task is not asyncio.current_task():
                 with contextlib.suppress(BaseException):
                     await stream.task
 

@@ -212,9 +212,6 @@ class WebSocketTransport(TransportBase):
         value = frame_value_for_send(frame)
         self._raise_if_unusable()
         await self.connect()
-        if self._ledger.stale_answer(value):
-            logger.info("dropped an answer to a request of the connection that was lost")
-            return
         text = raw if raw is not None else protocol.dumps(value)
         while True:
             await self._unless_failed(self._attached.wait(), self._closing)
@@ -222,6 +219,9 @@ class WebSocketTransport(TransportBase):
                 socket = self._socket
                 if not self._attached.is_set() or socket is None:
                     continue  # it dropped while we waited for the lock
+                if self._ledger.stale_answer(value):
+                    logger.info("dropped an answer to a request of the connection that was lost")
+                    return
                 self._ledger.sent(value)
                 await self._send_numbered(socket, text)
             if self.error is not None:
