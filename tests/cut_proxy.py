@@ -132,6 +132,10 @@ def streams(connection: ProxiedConnection) -> bool:
     return connection.sse or connection.websocket
 
 
+def websocket(connection: ProxiedConnection) -> bool:
+    return connection.websocket
+
+
 def session_stream(session_id: str | None) -> Where:
     """The SSE stream of one session (None: the connection stream)."""
     return lambda connection: connection.sse and connection.session_id == session_id

@@ -23,7 +23,7 @@ from acp_channels.client import (
     WebSocketClosedError,
     transport_ws,
 )
-from tests.cut_proxy import CutProxy, session_stream, streams
+from tests.cut_proxy import CutProxy, session_stream, streams, websocket
 from tests.peers.fakes import CONNECTION_ID, Answer, FakeAcp, Reply, Request, within
 from tests.peers.resumable import EventLog, ResumableSse, ResumableWs, notification, rpc_result
 
@@ -347,7 +347,7 @@ async def test_websocket_cut_mid_burst_loses_and_repeats_nothing() -> None:
     async with ResumableWs() as server, CutProxy(server.port) as proxy:
         events = EventLog()
         client = await ws_initialized(proxy.ws_url, reconnect=FAST, on_reconnect=events)
-        cut = proxy.cut_after(20_000, lambda connection: connection.websocket)
+        cut = proxy.cut_after(20_000, websocket)
         await within(client.send(rpc(1, "x/burst", {"count": 500, "pad": 100})))
         assert await receive_items(client, 500) == list(range(500))
         assert await within(client.receive()) == rpc_result(1, {"count": 500})
@@ -371,7 +371,7 @@ async def test_websocket_messages_the_server_missed_are_sent_again_in_order() ->
             assert await within(client.receive()) == rpc_result(number, {"echo": "x/echo"})
         state = server.order[0]
         server.pretend_lost = 2  # the last two never reached the agent
-        proxy.cut(lambda connection: connection.websocket)
+        proxy.cut(websocket)
         await within(client.send(rpc(4, "x/echo", {"n": 4})))  # waits for the reattach
         await events.wait_for("resumed")
         assert state.upgrades[1]["last-event-id"] == "4"
@@ -390,7 +390,7 @@ async def test_websocket_resend_window_overflow_is_fatal(monkeypatch: pytest.Mon
             await within(client.send(rpc(number, "x/echo")))
             await within(client.receive())
         server.pretend_lost = 3  # more than the two kept
-        proxy.cut(lambda connection: connection.websocket)
+        proxy.cut(websocket)
         with pytest.raises(ResumeFailedError, match=r"messages 3-3 are no longer kept .* they were lost"):
             await within(client.receive())
         await client.close()
@@ -405,7 +405,7 @@ async def test_websocket_drop_stays_fatal_unless_resumable(advertise: bool, name
         CutProxy(server.port) as proxy,
     ):
         client = await ws_initialized(proxy.ws_url, reconnect=FAST)
-        proxy.cut(lambda connection: connection.websocket)
+        proxy.cut(websocket)
         with pytest.raises(WebSocketClosedError):
             await within(client.receive())
         assert len(server.order[0].upgrades) == 1
@@ -430,7 +430,7 @@ async def test_websocket_reattach_refused_is_fatal(status: int) -> None:
         events = EventLog()
         client = await ws_initialized(proxy.ws_url, reconnect=FAST, on_reconnect=events)
         server.refuse_next = (status, "refused for the test\n")
-        proxy.cut(lambda connection: connection.websocket)
+        proxy.cut(websocket)
         with pytest.raises(ResumeRefusedError) as refused:
             await within(client.receive())
         assert refused.value.status_code == status and "refused for the test" in str(refused.value)
