@@ -235,7 +235,8 @@ async def test_a_404_without_restart_is_fatal_and_says_so(fake: FakeAcp, proxied
     with pytest.raises(ResumeRefusedError) as gone:
         await within(client.receive())
     assert gone.value.status_code == 404
-    assert f"the server forgot connection {CONNECTION_ID}; not restarting: restart is off" in str(gone.value)
+    assert f"connection {CONNECTION_ID} is gone on the server" in str(gone.value)
+    assert "not restarting: restart is off" in str(gone.value)
     await client.close()
 
 
@@ -434,6 +435,8 @@ async def test_websocket_reattach_refused_is_fatal(status: int) -> None:
         with pytest.raises(ResumeRefusedError) as refused:
             await within(client.receive())
         assert refused.value.status_code == status and "refused for the test" in str(refused.value)
+        if status == 404:
+            assert "not restarting: restart is off" in str(refused.value)
         assert events.kinds() == ["reconnecting", "gave-up"]
         await client.close()
 

@@ -181,6 +181,11 @@ def event_position(event_id: str) -> tuple[str, int] | None:
     return tag, int(seq)
 
 
+def gone_detail(connection_id: str | None, refusal: str) -> str:
+    """Why a 404 to a resume is fatal, for `ResumeRefusedError`."""
+    return f"connection {connection_id} is gone on the server (ended, or forgotten); not restarting: {refusal}"
+
+
 def restart_error(request_id: Any) -> protocol.Message:
     """The answer to a request the old connection never answered."""
     return protocol.error_response(

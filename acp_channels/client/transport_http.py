@@ -25,7 +25,7 @@ Unlike the reference, a dropped stream is reopened when that loses nothing
 default) gives the delay before each retry GET, which carries `Last-Event-ID`, or None to give
 up (fatal: `ReconnectGaveUpError`). Events a server sends again (an id at or before the last one
 delivered, same stream tag) are skipped. A 409 to a resuming GET (the events are gone, or the
-id is foreign) is fatal (`ResumeRefusedError`); so is a 404 (the server forgot the connection)
+id is foreign) is fatal (`ResumeRefusedError`); so is a 404 (the connection is gone: ended or forgotten)
 unless `restart` is on: then a new connection is initialized with the same params and every
 open session is `session/load`ed (see `ReconnectEvent`).
 """
@@ -65,6 +65,7 @@ from .reconnect import (
     SessionLedger,
     StreamDrop,
     event_position,
+    gone_detail,
     is_private_reply,
     replayed_update_of,
     restart_error,
@@ -532,8 +533,8 @@ class HttpTransport(TransportBase):
             return True
         refusal = self._ledger.restart_refusal() if self._restart else "restart is off"
         if refusal is not None or connection_id is None:
-            detail = f"the server forgot connection {connection_id}; not restarting: {refusal}"
-            gone = ResumeRefusedError(error.request, 404, error.body, detail=detail)
+            refusal = refusal or "the request named no connection"
+            gone = ResumeRefusedError(error.request, 404, error.body, detail=gone_detail(connection_id, refusal))
             if what:
                 self._tell(ReconnectEvent("gave-up", what, gone), logger)
             self._fail(gone)

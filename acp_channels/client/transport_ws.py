@@ -55,6 +55,7 @@ from .reconnect import (
     ReconnectPolicy,
     SessionLedger,
     StreamDrop,
+    gone_detail,
     is_private_reply,
     replayed_update_of,
     restart_error,
@@ -325,7 +326,7 @@ class WebSocketTransport(TransportBase):
                         await self._restart_connection()
                         return
                     if error.status_code in (404, 409):
-                        detail = "the server forgot the connection" if error.status_code == 404 else ""
+                        detail = gone_detail(self.connection_id, "restart is off") if error.status_code == 404 else ""
                         self._give_up(ResumeRefusedError(error.request, error.status_code, error.body, detail=detail))
                         return
                     if error.status_code not in _RETRY_STATUSES:
@@ -389,7 +390,7 @@ class WebSocketTransport(TransportBase):
         previous = self.connection_id
         refusal = self._ledger.restart_refusal()
         if refusal is not None:
-            detail = f"the server forgot the connection; not restarting: {refusal}"
+            detail = gone_detail(self.connection_id, refusal)
             self._give_up(ResumeRefusedError("WebSocket reattach", 404, detail=detail))
             return
         self._restarting = True
