@@ -425,12 +425,15 @@ async def test_websocket_close_1000_from_the_server_is_fatal() -> None:
         await client.close()
 
 
+@pytest.mark.parametrize("by_close", [False, True], ids=["status", "close-code"])
 @pytest.mark.parametrize("status", [404, 409])
-async def test_websocket_reattach_refused_is_fatal(status: int) -> None:
+async def test_websocket_reattach_refused_is_fatal(status: int, by_close: bool) -> None:
+    """Refused with an HTTP status, or (a server that cannot) with close code 4000 + status."""
     async with ResumableWs() as server, CutProxy(server.port) as proxy:
         events = EventLog()
         client = await ws_initialized(proxy.ws_url, reconnect=FAST, on_reconnect=events)
         server.refuse_next = (status, "refused for the test\n")
+        server.refuse_by_close = by_close
         proxy.cut(websocket)
         with pytest.raises(ResumeRefusedError) as refused:
             await within(client.receive())

@@ -77,6 +77,9 @@ _RESUMABLE_CLOSE_CODES: Final = frozenset({1001, 1012})
 #: Upgrade statuses worth another try (a busy or restarting server or balancer).
 _RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 WHAT: Final = "WebSocket"
+#: A server that cannot answer an upgrade with an HTTP status refuses a reattach by closing the
+#: accepted socket with this + the status (docs/resumable-streams.md).
+REFUSAL_CLOSE_BASE: Final = 4000
 
 
 class _Refused(Exception):
@@ -348,7 +351,7 @@ class WebSocketTransport(TransportBase):
         response = socket.response
         header = response.headers.get(RECEIVED_HEADER) if response is not None else None
         if header is None or not header.strip().isdigit():
-            await socket.close()
+            await self._refused_after_upgrade(socket)
             raise ProtocolViolationError(f"WebSocket reattach: the 101 has no valid {RECEIVED_HEADER} ({header!r})")
         got = int(header)
         async with self._send_lock:
@@ -376,6 +379,22 @@ class WebSocketTransport(TransportBase):
             self._attach(socket)
         logger.debug("WebSocket reattached: %d received, %d of ours sent again", got, self._sent_count - got)
         return True
+
+    async def _refused_after_upgrade(self, socket: ClientConnection) -> None:
+        """A server that cannot refuse an upgrade with a status accepts it and closes with
+        4000 + the status (the text as reason): raise that as `_Refused`. Else close the socket."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                await socket.recv()
+        except ConnectionClosed as closed:
+            code = closed.rcvd.code if closed.rcvd is not None else None
+            if code is not None and REFUSAL_CLOSE_BASE + 100 <= code < REFUSAL_CLOSE_BASE + 600:
+                assert closed.rcvd is not None
+                status = code - REFUSAL_CLOSE_BASE
+                raise _Refused(self._status_error("WebSocket reattach", status, closed.rcvd.reason, None)) from closed
+        except TimeoutError:
+            pass
+        await socket.close()
 
     def _give_up(self, error: TransportError) -> None:
         if not self.closed:

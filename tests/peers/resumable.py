@@ -177,6 +177,10 @@ class ResumableWs:
         self.order: list[WsConnection] = []
         #: The next reattach answers this status (and body) instead of 101, then it is cleared.
         self.refuse_next: tuple[int, str] | None = None
+        #: Refuse as a server without the ASGI denial-response extension does: accept, then
+        #: close with 4000 + the status, the text as reason.
+        self.refuse_by_close = False
+        self._refusing: dict[int, tuple[int, str]] = {}
         #: The next reattach claims this many fewer of the client's messages than arrived (it
         #: "lost" them, so they must come again).
         self.pretend_lost = 0
@@ -226,6 +230,9 @@ class ResumableWs:
             if self.refuse_next is not None:
                 status, body = self.refuse_next
                 self.refuse_next = None
+                if self.refuse_by_close:
+                    self._refusing[id(connection)] = (status, body)
+                    return None
                 return connection.respond(status, body)
             found = self.connections.get(connection_id)
             if found is None:
@@ -243,7 +250,7 @@ class ResumableWs:
 
     def _process_response(self, connection: ServerConnection, request: WsRequest, response: WsResponse) -> None:
         attaching = self._attaching.get(id(connection))
-        if attaching is None or response.status_code != 101:
+        if attaching is None or response.status_code != 101 or id(connection) in self._refusing:
             return
         state, _ = attaching
         if self.name_connection:
@@ -252,6 +259,11 @@ class ResumableWs:
             response.headers["Acp-Received"] = str(len(state.received))
 
     async def _handler(self, socket: ServerConnection) -> None:
+        refusal = self._refusing.pop(id(socket), None)
+        if refusal is not None:
+            status, text = refusal
+            await socket.close(4000 + status, text.strip())
+            return
         state, start = self._attaching.pop(id(socket))
         previous, state.socket = state.socket, socket
         if previous is not None:
