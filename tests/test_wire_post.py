@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from acp_channels import protocol
+from acp_channels.host import RESUME_META_KEY, resume_capabilities
 from tests.live import JSON, DaphneServer, SseReader, initialize, notification, open_sse, post, rpc
 
 T = 5.0  # seconds any single expected event may take
@@ -41,7 +43,8 @@ SESSION_SCOPED = [
     "session/set_model",
 ]
 INIT = rpc(0, "initialize", {"protocolVersion": 1})
-INIT_RESULT = {"protocolVersion": 1, "agentCapabilities": {}}
+#: The wire agent's initialize result, with what the server adds: how streams resume.
+INIT_RESULT = {"protocolVersion": 1, "agentCapabilities": {}, "_meta": {RESUME_META_KEY: resume_capabilities()}}
 _ids = itertools.count()
 
 
@@ -51,6 +54,11 @@ pytestmark = pytest.mark.usefixtures("wire_log_stays_clean")
 def echo(request_id: Any, method: str, params: Any = None) -> dict[str, Any]:
     """The wire agent's reply to a request it does not know: it echoes method and params."""
     return {"jsonrpc": "2.0", "id": request_id, "result": {"method": method, "params": params}}
+
+
+def advertised(reply: dict[str, Any]) -> dict[str, Any]:
+    """`reply` to the initialize that opened a connection: the server adds how streams resume."""
+    return {**reply, "result": {**reply["result"], "_meta": {RESUME_META_KEY: resume_capabilities()}}}
 
 
 def assert_text(response: httpx.Response, status: int, text: str) -> None:
@@ -234,7 +242,7 @@ async def test_initialize_single_returns_the_reply_and_a_new_connection_id(http:
     assert "acp-session-id" not in response.headers
     connection_id = response.headers["acp-connection-id"]
     assert UUID4.match(connection_id), connection_id
-    assert response.text == '{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{}}}'
+    assert response.text == protocol.dumps({"jsonrpc": "2.0", "id": 0, "result": INIT_RESULT})  # compact JSON
     other = await post(http, url, INIT)
     assert other.headers["acp-connection-id"] != connection_id
     async with open_sse(http, url, connection_id) as stream:
@@ -283,7 +291,7 @@ async def test_initial_batch_returns_the_grouped_reply_and_a_connection(http: ht
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     connection_id = response.headers["acp-connection-id"]
-    assert response.json() == [echo(1, "initialize", {"protocolVersion": 1}), echo(2, "x/custom", {"a": 1})]
+    assert response.json() == [advertised(echo(1, "initialize", {"protocolVersion": 1})), echo(2, "x/custom", {"a": 1})]
     async with open_sse(http, url, connection_id) as stream:
         assert await received(http, url, connection_id, stream) == [batch]
 
@@ -319,7 +327,7 @@ async def test_initial_batch_skips_response_shaped_predecessors(http: httpx.Asyn
     response = await post(http, url, batch)
     assert response.status_code == 200, response.text
     connection_id = response.headers["acp-connection-id"]
-    assert response.json() == [echo(1, "initialize", {"protocolVersion": 1}), echo(2, "x/custom")]
+    assert response.json() == [advertised(echo(1, "initialize", {"protocolVersion": 1})), echo(2, "x/custom")]
     async with open_sse(http, url, connection_id) as stream:
         assert await received(http, url, connection_id, stream) == [batch]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import stat
 import sys
@@ -18,6 +19,8 @@ from typing import BinaryIO, Protocol
 __all__ = ["LineSink", "LineSource", "LineSplitter", "LineTooLong", "StdinLines", "StdoutLines"]
 
 _CHUNK = 256 * 1024
+#: At exit, how long to wait for the editor to read what is still buffered for stdout.
+_CLOSE_FLUSH_TIMEOUT = 5.0
 
 
 class LineTooLong(Exception):
@@ -175,6 +178,12 @@ class StdoutLines:
             view = view[os.write(self._fd, view) :]
 
     async def close(self) -> None:
-        # Every write_line already waited for its data to be taken (drain): nothing is lost.
         if self._writer is not None:
+            # drain() only waits while the transport holds more than its high-water mark: what it
+            # still holds would be dropped when the process ends right after. Wait (bounded: the
+            # editor may have stopped reading) until the pipe has taken all of it.
+            with contextlib.suppress(OSError, TimeoutError):
+                async with asyncio.timeout(_CLOSE_FLUSH_TIMEOUT):
+                    self._writer.transport.set_write_buffer_limits(high=0)
+                    await self._writer.drain()
             self._writer.close()
