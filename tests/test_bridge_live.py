@@ -378,6 +378,8 @@ async def test_a_wrong_token_is_refused_clearly(token_server: DaphneServer, tran
         (["http://127.0.0.1:9", "--token", "has space"], "space"),
         (["http://127.0.0.1:9", "--token", "t", "-H", "Authorization: Basic eA=="], "not both"),
         (["http://127.0.0.1:9", "--max-message-size", "0"], "must be positive"),
+        (["http://127.0.0.1:9", "--reconnect-for", "-1"], "must not be negative"),
+        (["http://127.0.0.1:9", "--restart", "--no-reconnect"], "--restart needs reconnecting"),
     ],
 )
 def test_bad_usage_exits_2_with_one_line(argv: list[str], message: str) -> None:

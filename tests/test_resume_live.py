@@ -278,6 +278,24 @@ async def test_the_bridge_keeps_the_editors_stream_intact_across_a_cut(
         assert await bridge.wait() == 0
 
 
+async def test_the_bridge_with_no_reconnect_ends_at_a_cut(proxy: CutProxy, tmp_path: Path) -> None:
+    async with BridgeProcess(proxy.url, "--no-reconnect") as bridge:
+        await bridge.initialize()
+        session_id = await bridge.new_session(str(tmp_path))
+        prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": "wait_for_cancel"}]}
+        waiting = await bridge.request("session/prompt", prompt)
+        # The prompt is POSTed once its session stream is open.
+        await proxy.wait_for(
+            lambda: any(r.method == "POST" and r.session_id for c in proxy.connections for r in c.requests)
+        )
+        assert proxy.cut(session_stream(session_id)) == 1
+        answer = await bridge.reply_to(waiting, collect=[])
+        assert answer["error"]["data"] == {"acpBridge": "remote-lost"}
+        assert "SSE stream ended" in answer["error"]["message"]
+        assert await bridge.wait() == 1
+    assert "reconnecting" not in bridge.stderr
+
+
 # ------------------------------------------------------------------------------ the terminal
 
 
