@@ -234,10 +234,6 @@ class CutProxy:
             async with self._changed:
                 await self._changed.wait_for(predicate)
 
-    async def wait_for_connection(self, where: Where, timeout: float = 30.0) -> ProxiedConnection:
-        await self.wait_for(lambda: bool(self.live(where)), timeout)
-        return self.live(where)[-1]
-
     def _abort(self, connection: ProxiedConnection, *, keep_upstream: bool) -> None:
         if connection.cut:
             return
