@@ -40,6 +40,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors += _check_number("BODY_TIMEOUT_SECONDS", float, "acp_channels.E020")
     errors += _check_number("REPLAY_WINDOW_EVENTS", int, "acp_channels.E029", zero=True)
     errors += _check_number("REPLAY_WINDOW_BYTES", int, "acp_channels.E030", zero=True)
+    errors += _check_number("WEBSOCKET_RESUME_SECONDS", float, "acp_channels.E032", zero=True)
     errors += _check_budgets()
     errors += _check_cors()
     errors += _check_authentication(raw.get("AGENT"))

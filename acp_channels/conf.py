@@ -32,6 +32,10 @@ DEFAULTS: Final[dict[str, Any]] = {
     # (counted in MAX_BUFFERED_BYTES, and forgotten first when it is full).
     "REPLAY_WINDOW_EVENTS": 4096,
     "REPLAY_WINDOW_BYTES": 1024 * 1024,
+    # A WebSocket that drops without a clean close (a close code other than 1000) leaves its
+    # connection and agent alive this long, for the client to reattach a new socket and resume
+    # (docs/resumable-streams.md). 0: the connection ends with its socket, whatever the close.
+    "WEBSOCKET_RESUME_SECONDS": 60.0,
     # The same, summed over every connection of one worker process: past it, every connection's
     # agent output waits, and initialize answers 503.
     "MAX_WORKER_BUFFERED_BYTES": 256 * 1024 * 1024,

@@ -1,4 +1,10 @@
-"""The WebSocket edge of `/acp`: one JSON-RPC frame per text message, thin over the host (§8)."""
+"""The WebSocket edge of `/acp`: one JSON-RPC frame per text message, thin over the host (§8).
+
+A socket that drops without a clean close leaves its connection alive for
+WEBSOCKET_RESUME_SECONDS; an upgrade naming the connection and the last message the client
+received reattaches to it, on any worker (docs/resumable-streams.md). The consumer talks to the
+connection through a `gateway.SocketAttachment`, wherever the host lives.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,10 @@ import asyncio
 import contextlib
 import logging
 import re
-from typing import Any
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Final
+from urllib.parse import parse_qs
 
 from autobahn.exception import PayloadExceededError
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -15,30 +24,92 @@ from acp_channels import cors, daphne_compat, protocol
 from acp_channels.agents import AgentClosed, create_agent_channel
 from acp_channels.auth import SUBPROTOCOL, Refused, RequestContext, authenticate
 from acp_channels.conf import acp_settings
-from acp_channels.host import ConnectionHost, QuotaExceeded, ServerFull, registry
+from acp_channels.gateway import LocalSocket, SocketAttachment, SocketEnd, locate
+from acp_channels.host import QuotaExceeded, ReplayUnavailable, ServerFull, StreamBusy, registry
+from acp_channels.identity import Principal
 from acp_channels.lifecycle import lifecycle
-from acp_channels.protocol import InboundPlan
+from acp_channels.worker import AgentBusy, HostUnreachable, LayerUnavailable
 
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server, or the principal, is at its connection limit
 INTERNAL_ERROR = 1011  # WebSocket close code: the agent could not be started, or sending failed
 MESSAGE_TOO_BIG = 1009  # WebSocket close code: an agent message exceeds the socket's message limit
+#: WebSocket close code: this socket no longer carries its connection, which lives on (this
+#: worker shuts down, or the host forgot a socket that was silent too long): reattach.
+REATTACH = 1012
+#: WebSocket close code: another socket reattached to this connection.
+TAKEN_OVER = 4409
+TAKEN_OVER_REASON = "another socket resumed this connection"
+#: A refused reattach where the server cannot answer an upgrade with an HTTP status (no ASGI
+#: denial-response extension): accepted, then closed with 4000 + the status, the text as reason.
+REFUSAL_CLOSE_BASE = 4000
+#: The client closed on purpose: a close frame with 1000, or without a code (daphne reports no
+#: code; the official TypeScript client closes so). The connection ends now. Any other end of the
+#: socket starts the grace period, uvicorn's 1005 too: it reports a lost connection as 1005 ("no
+#: status"), the code it also gives a close frame without a code.
+CLEAN_CLOSE_CODES: Final = frozenset((1000, None))
+#: The ASGI extension for answering an upgrade with an HTTP response (daphne through
+#: acp_channels.daphne_compat, uvicorn).
+DENIAL_EXTENSION: Final = "websocket.http.response"
+
+REATTACH_INCOMPLETE = (
+    "a reattach names the connection (Acp-Connection-Id) and the last message received (Last-Event-ID)"
+)
+LAST_EVENT_ID_NOT_A_COUNT = "Last-Event-ID of a WebSocket is the number of messages received"
+NOT_A_WEBSOCKET = "Acp-Connection-Id names a connection that has no WebSocket"
+SHUTTING_DOWN = "this server is shutting down; connect again"
+LAYER_UNAVAILABLE = "the channel layer is unavailable; try again"
+AGENT_BUSY = "the connection's worker did not answer in time; try again"
+#: Close reasons fit a close frame: 125 bytes minus the code.
+MAX_CLOSE_REASON_BYTES: Final = 123
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Reattach:
+    """What an upgrade that reattaches names (either may be missing: refused)."""
+
+    connection_id: str | None
+    last_event_id: str | None
+
+
+def reattach_request(context: RequestContext) -> Reattach | None:
+    """The connection and last message an upgrade names, from its headers or (browsers, which
+    cannot set headers on a WebSocket) its query; None for a plain new socket."""
+    query = parse_qs(bytes(context.scope.get("query_string", b"")).decode("latin-1"))
+    connection_id = context.header(protocol.CONNECTION_HEADER) or _first(query, "acp_connection_id")
+    last_event_id = context.header(protocol.LAST_EVENT_ID_HEADER) or _first(query, "last_event_id")
+    if connection_id is None and last_event_id is None:
+        return None
+    return Reattach(connection_id, last_event_id)
+
+
+def _first(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[0].strip() if values else None
 
 
 class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     # No channel of its own on the layer: the host reaches the socket directly, and an unused
     # layer receive (a Redis read timing out) would end the consumer and cut the socket.
     channel_layer_alias = None
-    host: ConnectionHost | None = None
+    socket: SocketAttachment | None = None
+    connection_id: str | None = None
     writer: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         daphne_compat.install()  # under `runserver` daphne is imported after our ready()
-        if lifecycle.draining or cors.refusal(cors.websocket_request(self.scope)) is not None:
+        if cors.refusal(cors.websocket_request(self.scope)) is not None:
             await self.close()  # before accept: the server answers 403
             return
         context = RequestContext.for_websocket(self.scope)
+        reattach = reattach_request(context)
+        if lifecycle.draining:
+            if reattach is None:
+                await self.close()  # 403
+            else:  # the connection lives on another worker, or ends with this one: try again
+                await self.refuse(503, SHUTTING_DOWN)
+            return
         try:
             # Once, at the upgrade: every frame on the socket is this principal's.
             principal = await authenticate(context)
@@ -49,8 +120,11 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return
         # The subprotocol is "acp" when offered, never the token-carrying one.
         subprotocol = SUBPROTOCOL if SUBPROTOCOL in context.subprotocols else None
+        if reattach is not None:
+            await self.reattach(reattach, principal, subprotocol)
+            return
         try:
-            self.host = registry.create(
+            host = registry.create(
                 create_agent_channel,
                 "websocket",
                 max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES,
@@ -66,59 +140,139 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.accept(subprotocol)
             await self.close(code=INTERNAL_ERROR)
             return
-        self.host.start()
-        # The id on the 101 (under daphne through acp_channels.daphne_compat).
-        connection_header = (protocol.CONNECTION_HEADER.encode(), self.host.connection_id.encode())
-        await self.accept(subprotocol, headers=[connection_header])
-        self.writer = asyncio.create_task(self.write_outbound(self.host))
+        host.start()
+        await self.attach(LocalSocket.first(host), host.connection_id, subprotocol, [])
+
+    async def reattach(self, request: Reattach, principal: Principal, subprotocol: str | None) -> None:
+        """A new socket for a connection whose socket dropped (or is about to be replaced):
+        refused before the upgrade when it cannot resume, else its 101 says how many client
+        messages the server has, and the agent's messages after the client's last follow."""
+        connection_id, last = request.connection_id, request.last_event_id
+        if connection_id is None or last is None:
+            await self.refuse(400, REATTACH_INCOMPLETE, subprotocol)
+            return
+        if not last.isdigit() or len(last) > 18:
+            await self.refuse(400, LAST_EVENT_ID_NOT_A_COUNT, subprotocol)
+            return
+        handle = locate(connection_id, principal)
+        try:
+            if handle is None:  # unknown, or another principal's: the same answer
+                raise HostUnreachable(connection_id)
+            socket = await handle.attach_socket(int(last))
+        except ReplayUnavailable as refused:
+            await self.refuse(409, str(refused), subprotocol)
+            return
+        except StreamBusy:
+            await self.refuse(409, NOT_A_WEBSOCKET, subprotocol)
+            return
+        except (HostUnreachable, AgentClosed):  # ended (its grace period is over), or its worker is gone
+            await self.refuse(404, "", subprotocol)
+            return
+        except LayerUnavailable as error:
+            logger.warning("channel layer unavailable: %s", error)
+            await self.refuse(503, LAYER_UNAVAILABLE, subprotocol)
+            return
+        except AgentBusy:
+            await self.refuse(503, AGENT_BUSY, subprotocol)
+            return
+        logger.info(
+            "connection %s: socket reattached after message %s (client messages received: %d)",
+            connection_id,
+            last,
+            socket.received,
+        )
+        received_header = (protocol.RECEIVED_HEADER.encode(), str(socket.received).encode())
+        await self.attach(socket, connection_id, subprotocol, [received_header])
+
+    async def attach(
+        self, socket: SocketAttachment, connection_id: str, subprotocol: str | None, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        """Accept (the connection id on the 101, under daphne through acp_channels.daphne_compat)
+        and start writing the agent's messages."""
+        self.socket = socket
+        self.connection_id = connection_id
+        connection_header = (protocol.CONNECTION_HEADER.encode(), connection_id.encode())
+        await self.accept(subprotocol, headers=[connection_header, *headers])
+        self.writer = asyncio.create_task(self.write_outbound(socket, connection_id))
+
+    async def refuse(self, status: int, text: str, subprotocol: str | None = None) -> None:
+        """Answer the upgrade with an HTTP status and a text/plain body; where the server cannot
+        (no denial-response extension), accept and close at once with 4000 + status."""
+        body = text.encode()
+        if DENIAL_EXTENSION in (self.scope.get("extensions") or {}):
+            headers = [(b"content-length", str(len(body)).encode())]
+            if body:
+                headers.append((b"content-type", b"text/plain; charset=utf-8"))
+            await self.base_send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+            await self.base_send({"type": "websocket.http.response.body", "body": body})
+            return
+        reason = (text or HTTPStatus(status).phrase).encode()[:MAX_CLOSE_REASON_BYTES].decode("utf-8", "ignore")
+        await self.accept(subprotocol)
+        await self.close(code=REFUSAL_CLOSE_BASE + status, reason=reason)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if text_data is None or self.host is None:
+        if text_data is None or self.socket is None:
             return  # binary messages are ignored, as in the reference
-        with contextlib.suppress(AgentClosed):
-            try:
-                frame = await protocol.read_frame(text_data, lambda: acp_settings.MAX_BATCH_ENTRIES)
-            except protocol.BatchTooLarge as refused:
-                self.host.reply_from_transport(protocol.dumps(refused.reply))
-                return
-            await self.host.submit(InboundPlan(frame, [], []))
+        try:
+            await self.socket.send_to_agent(text_data)
+        except AgentClosed:
+            pass  # the connection ended: its socket closes once what is queued is sent
+        except (HostUnreachable, LayerUnavailable) as error:
+            logger.warning("connection %s: the host is unreachable (%s); closing the socket", self.connection_id, error)
+            with contextlib.suppress(OSError):
+                await self.close(code=INTERNAL_ERROR, reason="the connection's host is unreachable")
+        except AgentBusy as error:  # the host has the message; its agent is slow to take it
+            logger.warning("connection %s: %s", self.connection_id, error)
 
-    async def write_outbound(self, host: ConnectionHost) -> None:
-        """Send the agent's frames in order; once the connection ends, drain and close.
+    async def write_outbound(self, socket: SocketAttachment, connection_id: str) -> None:
+        """Send the agent's frames in order; once the connection ends, drain and close (or
+        close as the socket's end says: another socket took over, reattach).
 
         A failure to send ends the connection with a close code the client can read (1009 for a
         message over the server's limit, 1011 otherwise) and a log line, never silently.
         """
+        item = ""
         try:
-            while (items := await host.socket_outbox.take(None)) is not None:
+            while (items := await socket.take(None)) is not None:
                 for item in items:
                     await self.send(text_data=item)
-            await self.close()
+            await self.close_for(socket.end_reason)
         except PayloadExceededError as error:
             # daphne (autobahn) refuses a message over --websocket-max-message-size before
             # writing any of it, so the socket can still carry a close frame. uvicorn has no
             # outgoing limit.
             reason = too_big_reason(len(item.encode()), error)
-            logger.warning("connection %s: %s; closing the socket", host.connection_id, reason)
-            await self.end_after_failure(host, MESSAGE_TOO_BIG, reason)
+            logger.warning("connection %s: %s; closing the socket", connection_id, reason)
+            await self.end_after_failure(socket, MESSAGE_TOO_BIG, reason)
         except OSError:
-            # uvicorn's ClientDisconnected: the client left; disconnect() ends the connection.
-            logger.debug("connection %s: the client left while a message was sent", host.connection_id)
+            # uvicorn's ClientDisconnected: the client left; disconnect() follows.
+            logger.debug("connection %s: the client left while a message was sent", connection_id)
         except Exception:
-            logger.exception("connection %s: sending to the socket failed; closing it", host.connection_id)
-            await self.end_after_failure(host, INTERNAL_ERROR, "the server failed to send an agent message")
+            logger.exception("connection %s: sending to the socket failed; closing it", connection_id)
+            await self.end_after_failure(socket, INTERNAL_ERROR, "the server failed to send an agent message")
 
-    async def end_after_failure(self, host: ConnectionHost, code: int, reason: str) -> None:
+    async def close_for(self, end: SocketEnd) -> None:
+        if end == "ended":
+            await self.close()
+        elif end == "taken":
+            await self.close(code=TAKEN_OVER, reason=TAKEN_OVER_REASON)
+        elif end == "gone":
+            await self.close(code=INTERNAL_ERROR, reason="the connection's host is unreachable")
+        else:  # lost, draining: the connection lives on
+            await self.close(code=REATTACH, reason="reattach to resume this connection")
+
+    async def end_after_failure(self, socket: SocketAttachment, code: int, reason: str) -> None:
         """Tell the client why (the close frame first, so it learns at once), then end the agent."""
         with contextlib.suppress(OSError):  # the client may have left meanwhile (uvicorn)
             await self.close(code=code, reason=reason)
-        await host.terminate("send failed")
+        await socket.detach("send failed")
 
     async def disconnect(self, code: Any) -> None:
         if self.writer is not None:
             self.writer.cancel()
-        if self.host is not None:
-            await self.host.terminate("socket closed")
+        if self.socket is not None:
+            clean = code in CLEAN_CLOSE_CODES or not acp_settings.WEBSOCKET_RESUME_SECONDS
+            await self.socket.detach("socket closed" if clean else None)
 
 
 #: autobahn's wording: "... exceeding payload limit of 16781312 octets".

@@ -4,6 +4,10 @@
   WebSocket client would never see `Acp-Connection-Id` on the 101 (the reference, uvicorn and
   hypercorn send it). autobahn already accepts (subprotocol, headers) from the handshake
   callback; we pass the headers through.
+- Upgrade refusals with a status: daphne can only refuse an upgrade with 403 (a close before
+  accept). We add the ASGI denial-response extension (`websocket.http.response.start` and
+  `.body` before accept; announced in the scope's `extensions`), so a reattach the server
+  cannot resume is answered 404 or 409 with a text body, as over HTTP.
 - Close codes: daphne closes through autobahn's `sendClose`, which only takes 1000 and 3000-4999
   (an application API rule) and raises on the codes servers send (1009, 1011, 1013), and it drops
   the close reason. We write the close frame with the code and reason the application gave.
@@ -51,6 +55,7 @@ def install() -> bool:
     if getattr(WebSocketProtocol.handle_reply, "acp_channels_patched", False):
         return True
     _install_accept_headers(WebSocketProtocol)
+    _install_denial_response(WebSocketProtocol)
     _install_handshake_guard(WebSocketProtocol)
     _install_websocket_scheme()
     _install_guards()
@@ -66,6 +71,9 @@ def _install_accept_headers(websocket_protocol: Any) -> None:
         if message.get("type") == "websocket.close" and accepted:
             _send_close_frame(self, message)
             return
+        if str(message.get("type")).startswith(DENIAL_PREFIX):
+            _deny(self, message)
+            return
         headers = message.get("headers")
         if message.get("type") != "websocket.accept" or not headers or not hasattr(self, "handshake_deferred"):
             original(self, message)
@@ -76,6 +84,63 @@ def _install_accept_headers(websocket_protocol: Any) -> None:
 
     handle_reply.acp_channels_patched = True  # type: ignore[attr-defined]
     websocket_protocol.handle_reply = handle_reply
+
+
+DENIAL_PREFIX = "websocket.http.response."
+
+
+def _deny(protocol: Any, message: dict[str, Any]) -> None:
+    """The application answers the upgrade with an HTTP response instead of accepting it: the
+    start is kept, the response is written once its body is complete (autobahn fails the
+    handshake through `sendHttpErrorResponse`, which writes ours), then the connection closes."""
+    if not hasattr(protocol, "handshake_deferred"):
+        return  # accepted or refused already: nothing to answer
+    if message["type"] == "websocket.http.response.start":
+        protocol.acp_denial = (int(message["status"]), list(message.get("headers") or []), bytearray())
+        return
+    denial = getattr(protocol, "acp_denial", None)
+    if message["type"] != "websocket.http.response.body" or denial is None:
+        return
+    denial[2].extend(message.get("body", b""))
+    if message.get("more_body", False):
+        return
+    from autobahn.websocket.types import ConnectionDeny
+
+    deferred = protocol.handshake_deferred
+    del protocol.handshake_deferred
+    deferred.errback(ConnectionDeny(denial[0], _reason_phrase(denial[0])))  # type: ignore[no-untyped-call]
+
+
+def _reason_phrase(status: int) -> str:
+    from http import HTTPStatus
+
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Refused"
+
+
+def _install_denial_response(websocket_protocol: Any) -> None:
+    original = websocket_protocol.sendHttpErrorResponse
+
+    def send_http_error_response(self: Any, code: int, reason: str, responseHeaders: Any = None) -> None:
+        denial = getattr(self, "acp_denial", None)
+        if denial is None:
+            original(self, code, reason, responseHeaders)
+            return
+        status, headers, body = denial
+        self.acp_denial = None
+        lines = [f"HTTP/1.1 {status} {_reason_phrase(status)}"]
+        names = set()
+        for name, value in headers:
+            names.add(bytes(name).lower())
+            lines.append(f"{bytes(name).decode('latin-1')}: {bytes(value).decode('latin-1')}")
+        if b"content-length" not in names:
+            lines.append(f"Content-Length: {len(body)}")
+        lines.append("Connection: close")
+        self.sendData(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + bytes(body))
+
+    websocket_protocol.sendHttpErrorResponse = send_http_error_response
 
 
 def _install_guards() -> None:
@@ -124,12 +189,16 @@ def _send_close_frame(protocol: Any, message: dict[str, Any]) -> None:
 
 
 def _install_websocket_scheme() -> None:
+    """The scheme daphne leaves out of WebSocket scopes, and the denial-response extension."""
     from daphne.server import Server
     from twisted.internet.interfaces import ISSLTransport
 
     original = Server.create_application
 
     def create_application(self: Any, protocol: Any, scope: dict[str, Any]) -> Any:
+        if scope.get("type") == "websocket":
+            # Answered by daphne_compat._deny (daphne itself announces no extension).
+            scope["extensions"] = {**(scope.get("extensions") or {}), "websocket.http.response": {}}
         if scope.get("type") == "websocket" and "scheme" not in scope:
             forwarded = getattr(protocol, "client_scheme", None)  # X-Forwarded-Proto, with --proxy-headers
             if forwarded is None:

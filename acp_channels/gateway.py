@@ -10,10 +10,22 @@ is applied: a request by another principal finds nothing, exactly like an unknow
 here for a host in this process, and on the host's worker for a remote one (each op carries the
 caller's principal as `Principal.to_wire()`; a mismatch is answered "unknown").
 
+A WebSocket's socket may be attached on any worker too (a reattach lands anywhere): the
+consumer holds a `SocketAttachment`, a direct one (`LocalSocket`) or a lease on the host's socket
+outbox (`RemoteSocket`), and sends the client's messages and takes the agent's through it.
+
 Op results (a dict; `error` names a refusal the caller turns into the same answer as for a host
 in its own process): submit -> ok | error unknown, session (text), pending (limit), closed;
+submit with `socket` (the lease id of a reattached socket; `text` is a client message as
+received) -> ok + counted (false: not the connection's socket any more, dropped) | error unknown,
+closed;
 lease -> ok + tag | error unknown, busy, streams (limit), replay (reason, event);
-take -> items + first + seq | end;
+lease with `socket: true` and `resume` (the last message the client received, a number) ->
+ok + received (the client messages counted so far) | error unknown, busy (not a WebSocket
+connection), replay (reason, event), closed;
+take -> items + first + seq | end (+ reason: taken, when another reader took the stream over;
+lost, for a lease the host no longer knows);
+release (no reply; `close`: an end reason for the connection if the lease still holds its socket);
 terminate -> ok | error unknown; probe -> alive.
 """
 
@@ -21,13 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from acp_channels import protocol
 from acp_channels.agents import AgentClosed
 from acp_channels.host import (
     ConnectionHost,
     Delivery,
+    EndReason,
     Mailbox,
     ReplayUnavailable,
     StreamBusy,
@@ -67,12 +80,39 @@ class StreamReader(Protocol):
     def release(self) -> None: ...
 
 
+#: Why a socket's `take` returned None: the connection ended (its output all taken), another
+#: socket took the connection over, the host forgot this socket's lease (it was silent too long),
+#: the host's worker is gone, or this worker is shutting down.
+SocketEnd = Literal["ended", "taken", "lost", "gone", "draining"]
+#: The end reasons a socket's own end may give its connection (a clean close, a failed send).
+SOCKET_END_REASONS: frozenset[str] = frozenset(("socket closed", "send failed"))
+
+
+class SocketAttachment(Protocol):
+    """A WebSocket attached to its connection, wherever the host lives."""
+
+    #: Client messages the host had received on the connection's sockets when this one attached.
+    received: int
+    #: Why `take` returned None.
+    end_reason: SocketEnd
+
+    async def take(self, timeout: float | None) -> Delivery | None: ...
+
+    async def send_to_agent(self, text: str) -> None:
+        """Hand the host a text message the client sent on this socket (raises AgentClosed)."""
+
+    async def detach(self, end: EndReason | None = None) -> None:
+        """The socket is gone: end the connection (`end`) or let its grace period run."""
+
+
 class HostHandle(Protocol):
     async def submit(self, plan: InboundPlan) -> None: ...
 
     async def reply_from_transport(self, text: str) -> None: ...
 
     async def lease(self, key: StreamKey, resume: str | None = None) -> StreamReader: ...
+
+    async def attach_socket(self, last_seq: int) -> SocketAttachment: ...
 
     async def terminate(self) -> None: ...
 
@@ -118,8 +158,41 @@ class LocalHandle:
             await release_if_reader_gone(self.host.stream_for_reader(key))
         return self.host.lease(key, resume)
 
+    async def attach_socket(self, last_seq: int) -> SocketAttachment:
+        socket = LocalSocket(self.host)
+        socket.received = self.host.attach_socket(last_seq, socket)
+        return socket
+
     async def terminate(self) -> None:
         await self.host.terminate("delete")
+
+
+class LocalSocket:
+    """A socket attached to a host in this process: it is itself the outbox's holder (the first
+    socket of a connection uses the holder the outbox was made with)."""
+
+    def __init__(self, host: ConnectionHost, holder: object | None = None) -> None:
+        self.host = host
+        self.holder = self if holder is None else holder
+        self.received = host.socket_received
+        self.end_reason: SocketEnd = "ended"
+
+    @classmethod
+    def first(cls, host: ConnectionHost) -> LocalSocket:
+        """The socket that created the connection."""
+        return cls(host, host.socket_outbox.first_holder)
+
+    async def take(self, timeout: float | None) -> Delivery | None:
+        items = await self.host.socket_outbox.take(timeout, holder=self.holder)
+        if items is None and not self.host.ended.is_set() and not self.host.holds_socket(self.holder):
+            self.end_reason = "taken"
+        return items
+
+    async def send_to_agent(self, text: str) -> None:
+        await self.host.receive_from_socket(text, self.holder)
+
+    async def detach(self, end: EndReason | None = None) -> None:
+        await self.host.detach_socket(self.holder, end)
 
 
 # -- a host on another worker ------------------------------------------------------------------
@@ -179,6 +252,20 @@ class RemoteHandle:
         _active_readers.add(lease_id)
         return RemoteStream(self.worker_id, lease_id, result["tag"])
 
+    async def attach_socket(self, last_seq: int) -> SocketAttachment:
+        lease_id = f"{WORKER_ID}-{next(_lease_ids)}"
+        result = await self._call(
+            "lease", 2 * worker_timeout(), receipt=True, socket=True, lease=lease_id, reader=WORKER_ID, resume=last_seq
+        )
+        if result.get("error") == "busy":
+            raise StreamBusy
+        if result.get("error") == "replay":
+            raise ReplayUnavailable(result["reason"], result["event"])
+        if result.get("error") == "closed":
+            raise AgentClosed("connection ended")
+        _active_readers.add(lease_id)
+        return RemoteSocket(self, lease_id, int(result["received"]))
+
     async def terminate(self) -> None:
         await self._call("terminate", TERMINATE_TIMEOUT, receipt=True)
 
@@ -192,6 +279,8 @@ class RemoteStream:
         self.lease_id = lease_id
         self.tag = tag
         self.acked = 0
+        #: Why `take` returned None.
+        self.end_reason: SocketEnd = "ended"
 
     async def take(self, timeout: float | None) -> Delivery | None:
         loop = asyncio.get_running_loop()
@@ -206,29 +295,55 @@ class RemoteStream:
                     timeout=wait + worker_timeout(),
                 )
             except Exception:  # HostUnreachable, LayerUnavailable: the stream ends
+                self.end_reason = "gone"
                 return None
             if result.get("end"):
+                self.end_reason = (
+                    "taken" if result.get("reason") == "taken" else "lost" if result.get("reason") else "ended"
+                )
                 return None
             self.acked = result["seq"]
             items: list[str] = result["items"]
             if items or (deadline is not None and loop.time() >= deadline):
                 return Delivery(items, int(result["first"]))
+        self.end_reason = "draining"
         return None
 
-    def release(self) -> None:
+    def release(self, end: EndReason | None = None) -> None:
+        """Give the lease back (the last batch taken was written). With `end`, the host ends the
+        connection if this lease still holds its socket."""
         if self.lease_id in _active_readers:
             _active_readers.discard(self.lease_id)
-            bus.post(
-                inbox_channel(self.worker_id),
-                {
-                    "type": "acp.op",
-                    "op": "release",
-                    "id": self.lease_id,
-                    "reply_to": inbox_channel(WORKER_ID),
-                    "lease": self.lease_id,
-                    "ack": self.acked,
-                },
-            )
+            message: dict[str, Any] = {
+                "type": "acp.op",
+                "op": "release",
+                "id": self.lease_id,
+                "reply_to": inbox_channel(WORKER_ID),
+                "lease": self.lease_id,
+                "ack": self.acked,
+            }
+            if end is not None:
+                message["close"] = end
+            bus.post(inbox_channel(self.worker_id), message)
+
+
+class RemoteSocket(RemoteStream):
+    """A socket attached here to a connection hosted by another worker: a lease on the host's
+    socket outbox, and the client's messages sent with it (the host drops them once the lease
+    no longer holds the socket)."""
+
+    def __init__(self, handle: RemoteHandle, lease_id: str, received: int) -> None:
+        super().__init__(handle.worker_id, lease_id, "")
+        self.handle = handle
+        self.received = received
+
+    async def send_to_agent(self, text: str) -> None:
+        result = await self.handle._call("submit", SUBMIT_TIMEOUT, receipt=True, text=text, socket=self.lease_id)
+        if result.get("error") == "closed":
+            raise AgentClosed("connection ended")
+
+    async def detach(self, end: EndReason | None = None) -> None:
+        self.release(end)
 
 
 # -- serving the hosts of this process ---------------------------------------------------------
@@ -237,16 +352,21 @@ class RemoteStream:
 class LeaseOnHost:
     """The host side of a remote reader's lease: the batch in flight until acknowledged."""
 
-    def __init__(self, lease_id: str, reader_worker: str, mailbox: Mailbox, resume: str | None = None) -> None:
+    def __init__(self, lease_id: str, reader_worker: str, mailbox: Mailbox, host: ConnectionHost) -> None:
+        """Not holding the stream yet: the caller acquires it with this as the holder, then
+        `start`s it."""
         self.lease_id = lease_id
         self.reader_worker = reader_worker
         self.mailbox = mailbox
+        self.host = host
         self.in_flight = Delivery([], 0)
         self.seq = 0
         self.taking = False
         self.ended = False
         self._expiry: asyncio.TimerHandle | None = None
-        StreamLease(mailbox, resume, holder=self)
+
+    def start(self) -> None:
+        _leases_on_host[self.lease_id] = self
         self._arm()
 
     @property
@@ -275,8 +395,9 @@ class LeaseOnHost:
                 self.mailbox.requeue(items)
             return {"end": True}
         if items is None or self.ended:
+            taken = not self.ended and not self.holding
             self.end()
-            return {"end": True}
+            return {"end": True, "reason": "taken"} if taken else {"end": True}
         self._arm()
         if items:
             self.seq += 1
@@ -342,6 +463,13 @@ async def serve_submit(message: dict[str, Any]) -> dict[str, Any]:
     host = _target(message)
     if host is None:
         return {"error": "unknown"}
+    if "socket" in message:  # a client message on a socket attached on another worker
+        lease = _leases_on_host.get(message["socket"])
+        try:
+            counted = await host.receive_from_socket(message["text"], lease if lease is not None else object())
+        except AgentClosed:
+            return {"error": "closed"}
+        return {"ok": True, "counted": counted}
     routes = [(key, stream) for key, stream in message["routes"]]
     # The edge applied the batch-size limit; a big batch is classified in slices here too.
     frame = await protocol.read_frame(message["text"])
@@ -372,27 +500,45 @@ async def serve_lease(message: dict[str, Any]) -> dict[str, Any]:
     host = _target(message)
     if host is None:
         return {"error": "unknown"}
+    if message.get("socket"):
+        return _lease_socket(host, message)
     resume: str | None = message.get("resume")
     try:
         if resume is None:
             await release_if_reader_gone(host.stream_for_reader(message["stream"]))
         # Looked up again: a stream released empty just now was forgotten (a new one is made).
         mailbox = host.stream_for_reader(message["stream"])
-        lease = LeaseOnHost(message["lease"], message["reader"], mailbox, resume)
-        _leases_on_host[message["lease"]] = lease
+        lease = LeaseOnHost(message["lease"], message["reader"], mailbox, host)
+        StreamLease(mailbox, resume, holder=lease)
     except StreamBusy:
         return {"error": "busy"}
     except TooManyStreams as error:
         return {"error": "streams", "limit": error.limit}
     except ReplayUnavailable as refused:
         return {"error": "replay", "reason": refused.reason, "event": refused.event_id}
+    lease.start()
     return {"ok": True, "tag": mailbox.tag}
+
+
+def _lease_socket(host: ConnectionHost, message: dict[str, Any]) -> dict[str, Any]:
+    """A socket reattached on another worker takes the connection's socket outbox over."""
+    lease = LeaseOnHost(message["lease"], message["reader"], host.socket_outbox, host)
+    try:
+        received = host.attach_socket(int(message["resume"]), lease)
+    except StreamBusy:
+        return {"error": "busy"}
+    except ReplayUnavailable as refused:
+        return {"error": "replay", "reason": refused.reason, "event": refused.event_id}
+    except AgentClosed:
+        return {"error": "closed"}
+    lease.start()
+    return {"ok": True, "received": received}
 
 
 async def serve_take(message: dict[str, Any]) -> dict[str, Any]:
     lease = _leases_on_host.get(message["lease"])
     if lease is None:
-        return {"end": True}
+        return {"end": True, "reason": "lost"}
     return await lease.take(float(message["wait"]), int(message["ack"]))
 
 
@@ -400,6 +546,9 @@ async def serve_release(message: dict[str, Any]) -> None:
     lease = _leases_on_host.get(message["lease"])
     if lease is not None:
         lease.acknowledge(int(message["ack"]))
+        end = message.get("close")
+        if end in SOCKET_END_REASONS and lease.holding:
+            await lease.host.detach_socket(lease, end)
         lease.end()
 
 

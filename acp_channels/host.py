@@ -437,28 +437,51 @@ class Mailbox:
 
 
 class SocketOutbox(Mailbox):
-    """The single stream of a WebSocket connection. Its reader is the task that writes the
-    socket (the first to take): when that task ends, for any reason, the lease is released,
-    so a socket that went away never keeps output counted."""
+    """The single stream of a WebSocket connection. Its reader is the socket attached now: the
+    first one holds the lease from the start (`first_holder`, so output before its writer runs
+    waits for it), a reattaching one takes it over (`ConnectionHost.attach_socket`). A release
+    while the connection lives detaches the socket (`on_detach`: the host's grace period runs
+    until a socket takes the lease again, `on_attach`)."""
 
-    #: Holds the lease until the writer's first take (output before it must wait for it).
-    _NOT_STARTED: Final = object()
-
-    def __init__(self, budget: OutboundBudget, *, window_events: int = 0, window_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        budget: OutboundBudget,
+        *,
+        on_attach: Callable[[], None] | None = None,
+        on_detach: Callable[[], None] | None = None,
+        window_events: int = 0,
+        window_bytes: int = 0,
+    ) -> None:
         super().__init__(budget, window_events=window_events, window_bytes=window_bytes)
-        self.acquire(self._NOT_STARTED)
+        self._on_attach = on_attach
+        self._on_detach = on_detach
+        self._first_took = False
+        self.first_holder = self.acquire()
+
+    def acquire(self, holder: object | None = None) -> object:
+        token = super().acquire(holder)
+        if self._on_attach is not None:
+            self._on_attach()
+        return token
+
+    def release(self, token: object) -> None:
+        if self._holder is not token:
+            return
+        super().release(token)
+        if self._on_detach is not None:
+            self._on_detach()
 
     async def take(
         self, timeout: float | None, max_bytes: int = TAKE_BYTES, holder: object | None = None
     ) -> Delivery | None:
-        if self._holder is self._NOT_STARTED and (writer := asyncio.current_task()) is not None:
-            self._holder = writer  # handed over directly: a closed outbox keeps its items for it
-            writer.add_done_callback(self.release)
+        if holder is self.first_holder:
+            self._first_took = True
         return await super().take(timeout, max_bytes, holder)
 
     def writer_never_started(self) -> None:
-        """The socket is gone before its writer took anything: nobody will read."""
-        self.release(self._NOT_STARTED)
+        """The first socket is gone before its writer took anything: nobody will read."""
+        if not self._first_took:
+            self.release(self.first_holder)
 
 
 class StreamLease:
@@ -492,11 +515,14 @@ RESUME_META_KEY: Final = "acp-channels/resume"
 
 
 def resume_capabilities() -> dict[str, Any]:
+    resume_seconds = _setting("WEBSOCKET_RESUME_SECONDS")
     return {
         "sse": True,
-        "websocket": False,
+        # 0: a dropped socket ends its connection, so there is nothing to reattach to.
+        "websocket": resume_seconds > 0,
         "windowEvents": _setting("REPLAY_WINDOW_EVENTS"),
         "windowBytes": _setting("REPLAY_WINDOW_BYTES"),
+        "websocketResumeSeconds": resume_seconds,
     }
 
 
@@ -549,7 +575,19 @@ class ConnectionHost:
         # Streams forgotten with their window: (tag, last seq), so a reader that got everything
         # resumes on the stream made again (bounded: the oldest are forgotten for good).
         self._forgotten: OrderedDict[StreamKey, tuple[str, int]] = OrderedDict()
-        self._socket_outbox = SocketOutbox(self._budget, **self._window)
+        # WebSocket: the grace period of a detached socket (see _socket_detached).
+        self._grace: asyncio.TimerHandle | None = None
+        self._grace_ending: asyncio.Task[None] | None = None
+        self._socket_outbox = SocketOutbox(
+            self._budget, on_attach=self._stop_grace, on_detach=self._socket_detached, **self._window
+        )
+        # Client messages received on this connection's sockets (Acp-Received on a reattach),
+        # handed to the agent one at a time in the order they were counted.
+        self._socket_received = 0
+        self._socket_inbound = asyncio.Lock()
+        self._socket_deliveries: set[asyncio.Task[None]] = set()
+        # Ids of the client's initialize requests not answered yet: their replies advertise resumption.
+        self._socket_initializing: set[str] = set()
         # HTTP: where each pending request's reply goes, by id; pinning their session streams.
         self._routes: dict[str, deque[StreamKey]] = {}
         self._route_pins: dict[str, int] = {}
@@ -625,6 +663,9 @@ class ConnectionHost:
             key = protocol.id_key(request_id)
             self._socket_requests[key] = self._socket_requests.get(key, 0) + 1
         self._pending_requests += len(ids)
+        for message in protocol.frame_messages(frame):
+            if message.get("method") == protocol.INITIALIZE_METHOD and message.get("id") is not None:
+                self._socket_initializing.add(protocol.id_key(message["id"]))
         await self.agent.send(frame)
 
     def _match_responses(self, plan: InboundPlan) -> None:
@@ -653,10 +694,12 @@ class ConnectionHost:
                 self._route(output)
                 continue
             accepted = not protocol.is_error_response(reply)
-            if accepted:
-                advertise_resume(reply)
-                self.start()
-            return InitializeReply(protocol.serialize_frame(output), accepted)
+            if not accepted:
+                return InitializeReply(protocol.serialize_frame(output), accepted)
+            advertise_resume(reply)
+            self.start()
+            # Serialized again: the agent's own text (`raw`) lacks the `_meta` just added.
+            return InitializeReply(protocol.dumps(protocol.frame_value(output)), accepted)
 
     # -- replies the transport makes itself ---------------------------------------------------
 
@@ -671,6 +714,101 @@ class ConnectionHost:
             self._socket_outbox.push(text)
         else:
             self.stream(protocol.CONNECTION_STREAM).push(text)
+
+    # -- the socket (WebSocket connections) --------------------------------------------------
+
+    @property
+    def socket_received(self) -> int:
+        """Client messages received on this connection's sockets so far (`Acp-Received`)."""
+        return self._socket_received
+
+    def attach_socket(self, last_seq: int, holder: object) -> int:
+        """A new socket reattaches to this connection: the outbox is resumed after message
+        `last_seq` (the last one the client received) and taken over from any socket still
+        attached. Returns the count of client messages received so far. Raises StreamBusy (not
+        a WebSocket connection), AgentClosed (ended) or ReplayUnavailable."""
+        if self.transport != "websocket":
+            raise StreamBusy
+        if self.ended.is_set():
+            raise AgentClosed("connection ended")
+        self._socket_outbox.resume(last_seq, str(last_seq))  # checked before the socket attached is displaced
+        self._socket_outbox.take_over(holder)
+        self.last_active = asyncio.get_running_loop().time()
+        return self._socket_received
+
+    def holds_socket(self, holder: object) -> bool:
+        """Whether `holder` is the socket attached to this connection now."""
+        return self._socket_outbox.holder is holder
+
+    async def receive_from_socket(self, text: str, holder: object) -> bool:
+        """A text message the client sent on socket `holder`: counted, then handed to the agent
+        after every message counted before it. False (dropped) when `holder` is not the socket
+        attached now: the client resends whatever `Acp-Received` does not count. Raises
+        AgentClosed once the connection has ended.
+
+        The delivery runs as a task of its own, so a consumer cancelled meanwhile (its socket is
+        gone) cannot lose a message already counted."""
+        if self.ended.is_set():
+            raise AgentClosed("connection ended")
+        if self._socket_outbox.holder is not holder:
+            return False
+        self._socket_received += 1
+        delivery = asyncio.ensure_future(self._deliver_from_socket(text))
+        self._socket_deliveries.add(delivery)
+        delivery.add_done_callback(self._delivered)
+        await asyncio.shield(delivery)
+        return True
+
+    def _delivered(self, delivery: asyncio.Task[None]) -> None:
+        self._socket_deliveries.discard(delivery)
+        if not delivery.cancelled():
+            delivery.exception()  # retrieved: a consumer cancelled meanwhile awaits it no more
+
+    async def _deliver_from_socket(self, text: str) -> None:
+        async with self._socket_inbound:  # FIFO: in the order the messages were counted
+            try:
+                frame = await protocol.read_frame(text, lambda: _setting("MAX_BATCH_ENTRIES"))
+            except protocol.BatchTooLarge as refused:
+                self.reply_from_transport(protocol.dumps(refused.reply))
+                return
+            await self.submit(InboundPlan(frame, [], []))
+
+    async def detach_socket(self, holder: object, end: EndReason | None = None) -> None:
+        """Socket `holder` is gone. With `end` (a clean close, a failed send) the connection ends
+        now; else, while it is the socket attached, the grace period starts."""
+        if self._socket_outbox.holder is not holder:
+            return  # replaced by a reattached socket: nothing of the connection's changes
+        if end is not None:
+            await self.terminate(end)
+        self._socket_outbox.release(holder)
+
+    def _socket_detached(self) -> None:
+        """No socket holds the outbox: the connection waits WEBSOCKET_RESUME_SECONDS for one to
+        reattach (a reader on any worker), then ends as if its socket had closed."""
+        if self.transport != "websocket" or self.ended.is_set():
+            return
+        seconds = float(_setting("WEBSOCKET_RESUME_SECONDS"))
+        self._stop_grace()
+        self._grace = asyncio.get_running_loop().call_later(seconds, self._grace_over)
+        if seconds:
+            logger.info("connection %s: socket detached; kept %g s for a reattach", self.connection_id, seconds)
+
+    def _stop_grace(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
+    def _grace_over(self) -> None:
+        self._grace = None
+        if self.ended.is_set() or self._socket_outbox.leased:
+            return
+        logger.info("connection %s: no socket reattached in time; ending it", self.connection_id)
+        self._grace_ending = asyncio.ensure_future(self.terminate("socket closed"))
+        self._grace_ending.add_done_callback(self._log_failed_end)
+
+    def _log_failed_end(self, ending: asyncio.Task[None]) -> None:
+        if not ending.cancelled() and (error := ending.exception()) is not None:
+            logger.error("ending connection %s failed", self.connection_id, exc_info=error)
 
     # -- outbound ----------------------------------------------------------------------------
 
@@ -759,7 +897,7 @@ class ConnectionHost:
             self._remember(key, current)
 
     @property
-    def socket_outbox(self) -> Mailbox:
+    def socket_outbox(self) -> SocketOutbox:
         return self._socket_outbox
 
     async def _run_router(self) -> None:
@@ -778,8 +916,10 @@ class ConnectionHost:
 
     def _route(self, frame: Frame) -> None:
         if self.transport == "websocket":
-            self._count_socket_replies(frame)
-            self._socket_outbox.push(protocol.serialize_frame(frame))
+            if self._count_socket_replies(frame):  # an initialize reply got `_meta`: the raw text lacks it
+                self._socket_outbox.push(protocol.dumps(protocol.frame_value(frame)))
+            else:
+                self._socket_outbox.push(protocol.serialize_frame(frame))
             return
         unpinned: list[str] = []
         key = protocol.route_outbound(frame, lambda request: self._pop_route(request, unpinned))
@@ -790,11 +930,19 @@ class ConnectionHost:
         for session_id in unpinned:  # e.g. a batch's replies went to the connection stream
             self._collect(session_id)
 
-    def _count_socket_replies(self, frame: Frame) -> None:
+    def _count_socket_replies(self, frame: Frame) -> bool:
+        """Count the replies to socket requests; True when one answers an initialize (its
+        result now advertises how the connection resumes)."""
+        advertised = False
         for message in protocol.frame_messages(frame):
             if "method" in message or message.get("id") is None:
                 continue
             key = protocol.id_key(message["id"])
+            if key in self._socket_initializing:
+                self._socket_initializing.discard(key)
+                if not protocol.is_error_response(message):
+                    advertise_resume(message)
+                    advertised = True
             count = self._socket_requests.get(key, 0)
             if count:
                 self._pending_requests -= 1
@@ -802,6 +950,7 @@ class ConnectionHost:
                     del self._socket_requests[key]
                 else:
                     self._socket_requests[key] = count - 1
+        return advertised
 
     def _pop_route(self, key: str, unpinned: list[str]) -> StreamKey | Literal[False]:
         routes = self._routes.get(key)
@@ -823,7 +972,9 @@ class ConnectionHost:
     # -- lifetime ----------------------------------------------------------------------------
 
     def idle_since(self, now: float) -> float:
-        """Seconds without POSTs and without any stream reader (a reader keeps it alive)."""
+        """Seconds without POSTs and without any stream reader (a reader keeps it alive). A
+        WebSocket connection is never idle: its socket is attached, or the grace period of a
+        detached one runs and ends it (WEBSOCKET_RESUME_SECONDS, whatever IDLE_TIMEOUT_SECONDS)."""
         if self.transport == "websocket" or any(mailbox.leased for mailbox in self._streams.values()):
             self.last_active = now  # the socket or a reader is there: not idle
         return now - self.last_active
@@ -838,7 +989,9 @@ class ConnectionHost:
         self._routes.clear()
         self._route_pins.clear()
         self._socket_requests.clear()
+        self._socket_initializing.clear()
         self._pending_requests = 0
+        self._stop_grace()
         for mailbox in self._streams.values():
             mailbox.close()
         self._socket_outbox.close()

@@ -24,6 +24,8 @@ CONNECTION_HEADER: Final = "acp-connection-id"
 SESSION_HEADER: Final = "acp-session-id"
 #: A reader resuming a stream names the last event it received (SSE: its id; WebSocket: a count).
 LAST_EVENT_ID_HEADER: Final = "last-event-id"
+#: On a reattached WebSocket's 101: how many messages the server received from the client.
+RECEIVED_HEADER: Final = "acp-received"
 
 JSONRPC_VERSION: Final = "2.0"
 PARSE_ERROR: Final = -32700

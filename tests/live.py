@@ -139,6 +139,10 @@ class UvicornServer(ServerProcess):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/acp"
 
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/acp"
+
     def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings", **self.env}
         script = (

@@ -1,4 +1,4 @@
-"""System checks for ACP_CHANNELS (acp_channels.E001...E031, W001...W004)."""
+"""System checks for ACP_CHANNELS (acp_channels.E001...E032, W001...W004)."""
 
 from __future__ import annotations
 
@@ -560,4 +560,21 @@ def test_the_replay_window_must_fit_in_the_connection_budget(settings: Any) -> N
     assert [m.id for m in messages] == ["acp_channels.E031"]
     assert "must be less than MAX_BUFFERED_BYTES" in messages[0].msg
     acp(settings, REPLAY_WINDOW_BYTES=1024 * 1024 - 1)
+    assert check_settings() == []
+
+
+# E032: how long a dropped WebSocket's connection waits for a reattach
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, "60", None, True, [60]], ids=repr)
+def test_websocket_resume_seconds_is_a_non_negative_number(settings: Any, bad: Any) -> None:
+    acp(settings, WEBSOCKET_RESUME_SECONDS=bad)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E032"]
+    assert messages[0].msg == f"ACP_CHANNELS['WEBSOCKET_RESUME_SECONDS'] must be a non-negative number, not {bad!r}."
+
+
+@pytest.mark.parametrize("good", [0, 0.5, 60, 3600.0])
+def test_websocket_resume_seconds_may_be_zero(settings: Any, good: float) -> None:
+    acp(settings, WEBSOCKET_RESUME_SECONDS=good)  # zero: the connection ends with its socket
     assert check_settings() == []

@@ -6,6 +6,7 @@ The live counterparts are in test_wire_websocket.py; here the host registry is o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -331,3 +332,125 @@ async def test_any_other_send_failure_closes_with_1011_and_is_logged(
     errors = [record for record in caplog.records if record.levelname == "ERROR"]
     assert len(errors) == 1 and connection_id in errors[0].getMessage()
     assert errors[0].exc_info is not None and isinstance(errors[0].exc_info[1], RuntimeError)
+
+
+# -- a dropped socket, and reattaching (docs/resumable-streams.md) -----------------------------
+
+#: The code a server reports for a socket that ended without a close frame.
+ABNORMAL_CLOSURE = 1006
+
+
+def reattach_communicator(application: Any, connection_id: str, last_event_id: str) -> WebsocketCommunicator:
+    communicator = communicator_for(application)
+    communicator.scope["headers"] += [
+        (b"acp-connection-id", connection_id.encode()),
+        (b"last-event-id", last_event_id.encode()),
+    ]
+    return communicator
+
+
+async def test_a_dropped_socket_leaves_the_connection_waiting_for_a_reattach(application: Any) -> None:
+    async with connected(application) as (communicator, connection_id):
+        host = host_of(connection_id)
+        await communicator.send_json_to(rpc(1, "before/drop"))
+        assert await receive(communicator) == echo(1, "before/drop")
+        await communicator.disconnect(code=ABNORMAL_CLOSURE, timeout=TIMEOUT)
+    assert registry.get(connection_id) is host and not host.ended.is_set()
+    assert not host.socket_outbox.leased  # detached: the grace period runs
+    async with connected_communicator(reattach_communicator(application, connection_id, "1")) as (resumed, same_id):
+        assert same_id == connection_id
+        assert dict(resumed.response_headers or [])[b"acp-received"] == b"1"
+        assert host.socket_outbox.leased
+        await resumed.send_json_to(rpc(2, "after/reattach"))
+        assert await receive(resumed) == echo(2, "after/reattach")
+        assert await received_frames(resumed) == [rpc(1, "before/drop"), rpc(2, "after/reattach")]
+        await resumed.disconnect(code=1000, timeout=TIMEOUT)  # a clean close ends it
+    assert host.ended.is_set() and host.end_reason == "socket closed"
+
+
+async def test_with_no_grace_period_a_dropped_socket_ends_the_connection(application: Any, settings: Any) -> None:
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "WEBSOCKET_RESUME_SECONDS": 0}
+    async with connected(application) as (communicator, connection_id):
+        host = host_of(connection_id)
+        await communicator.disconnect(code=ABNORMAL_CLOSURE, timeout=TIMEOUT)
+    assert host.ended.is_set() and registry.get(connection_id) is None
+
+
+async def test_the_grace_period_ends_an_abandoned_connection(application: Any, settings: Any) -> None:
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "WEBSOCKET_RESUME_SECONDS": 0.05}
+    async with connected(application) as (communicator, connection_id):
+        host = host_of(connection_id)
+        await communicator.disconnect(code=ABNORMAL_CLOSURE, timeout=TIMEOUT)
+    await asyncio.wait_for(host.ended.wait(), TIMEOUT)
+    assert host.end_reason == "socket closed" and registry.get(connection_id) is None
+
+
+async def test_idle_reaping_leaves_a_detached_socket_to_its_grace_period(application: Any, settings: Any) -> None:
+    """IDLE_TIMEOUT_SECONDS never ends a WebSocket connection: attached it is in use, detached its
+    grace period (however long) decides."""
+    async with connected(application) as (communicator, connection_id):
+        host = host_of(connection_id)
+        await communicator.disconnect(code=ABNORMAL_CLOSURE, timeout=TIMEOUT)
+    now = asyncio.get_running_loop().time()
+    assert host.idle_since(now + 10_000) == 0
+    await host.terminate()
+
+
+@pytest.mark.parametrize(
+    ("known", "last_event_id", "code", "reason"),
+    [
+        (False, "0", 4404, "Not Found"),
+        (True, "5", 4409, "Last-Event-ID 5 does not belong to this stream"),
+        (True, "x", 4400, "Last-Event-ID of a WebSocket is the number of messages received"),
+    ],
+)
+async def test_a_refused_reattach_without_the_denial_extension_closes_with_4000_plus_the_status(
+    application: Any, known: bool, last_event_id: str, code: int, reason: str
+) -> None:
+    """channels' test communicator, like servers without the ASGI denial-response extension, can
+    only accept or 403: the refusal is an accept, then a close with 4000 + the HTTP status."""
+    async with connected(application) as (_, connection_id):
+        named = connection_id if known else "no-such-connection"
+        communicator = reattach_communicator(application, named, last_event_id)
+        accepted, _ = await communicator.connect(TIMEOUT)
+        assert accepted
+        assert await communicator.receive_output(TIMEOUT) == {"type": "websocket.close", "code": code, "reason": reason}
+        await communicator.disconnect(timeout=TIMEOUT)
+
+
+async def test_a_refused_reattach_with_the_denial_extension_is_an_http_response(application: Any) -> None:
+    async with connected(application) as (_, connection_id):
+        communicator = reattach_communicator(application, connection_id, "7")
+        communicator.scope["extensions"] = {"websocket.http.response": {}}
+        await communicator.send_input({"type": "websocket.connect"})
+        start = await communicator.receive_output(TIMEOUT)
+        body = await communicator.receive_output(TIMEOUT)
+        text = b"Last-Event-ID 7 does not belong to this stream"
+        assert start == {
+            "type": "websocket.http.response.start",
+            "status": 409,
+            "headers": [(b"content-length", str(len(text)).encode()), (b"content-type", b"text/plain; charset=utf-8")],
+        }
+        assert body == {"type": "websocket.http.response.body", "body": text}
+        await communicator.disconnect(timeout=TIMEOUT)
+
+
+async def test_a_reattach_takes_over_a_socket_still_attached(application: Any) -> None:
+    async with connected(application) as (stale, connection_id):
+        await stale.send_json_to(rpc(1, "test/burst", {"count": 3}))
+        assert [(await receive(stale))["params"]["n"] for _ in range(3)] == [0, 1, 2]
+        assert (await receive(stale))["id"] == 1
+        async with connected_communicator(reattach_communicator(application, connection_id, "4")) as (fresh, _):
+            closing = await stale.receive_output(TIMEOUT)
+            assert closing == {
+                "type": "websocket.close",
+                "code": 4409,
+                "reason": "another socket resumed this connection",
+            }
+            # What the stale socket still sends is not the connection's any more.
+            await stale.send_json_to(rpc(2, "from/stale"))
+            await stale.disconnect(code=ABNORMAL_CLOSURE, timeout=TIMEOUT)
+            assert host_of(connection_id).socket_outbox.leased
+            assert await received_frames(fresh) == [rpc(1, "test/burst", {"count": 3})]
+            await fresh.disconnect(code=1000, timeout=TIMEOUT)
+    assert registry.get(connection_id) is None

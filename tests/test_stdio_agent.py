@@ -28,7 +28,7 @@ from acp_channels.agents.stdio import (
     StdioAgentChannel,
     setting_problems,
 )
-from acp_channels.host import ConnectionHost
+from acp_channels.host import RESUME_META_KEY, ConnectionHost, resume_capabilities
 from acp_channels.identity import ANONYMOUS, AgentContext
 from acp_channels.protocol import Batch, Frame, Malformed, Single
 from tests.agent_processes import alive, reaped, supported, wait_gone
@@ -343,6 +343,17 @@ async def test_an_agent_that_exits_before_initialize_answers_with_an_error(reads
     assert json.loads(reply.body) == {"jsonrpc": "2.0", "id": 0, "error": error}
     await host.terminate()
     assert await channel.wait_closed() == 4
+
+
+async def test_the_initialize_reply_of_a_relayed_agent_advertises_resumption(start: Start) -> None:
+    """A stdio agent's frames are relayed as the text it wrote; the initialize reply is the
+    exception: the server adds how streams resume to its `_meta`, so it is written again."""
+    channel = start()
+    host = ConnectionHost("conn-meta", channel, "http", max_buffered_bytes=MiB, on_end=lambda host: None)
+    reply = await asyncio.wait_for(host.initialize(Single(rpc(0, "initialize", {"protocolVersion": 1})), 0), 10)
+    assert reply.accepted
+    assert json.loads(reply.body)["result"]["_meta"][RESUME_META_KEY] == resume_capabilities()
+    await host.terminate()
 
 
 # -- stderr ------------------------------------------------------------------------------------
