@@ -180,7 +180,8 @@ async def test_the_remote_ending_the_connection_fails_every_pending_request(
 async def test_the_server_dying_fails_every_pending_request(transport: str, tmp_path: Path) -> None:
     server = DaphneServer().start()
     try:
-        async with BridgeProcess(endpoint(server, transport)) as bridge:
+        # The bridge tries to resume the dropped streams, for a bounded time.
+        async with BridgeProcess(endpoint(server, transport), "--reconnect-for", "2") as bridge:
             await bridge.initialize()
             session_id = await bridge.new_session(str(tmp_path))
             prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": "wait_for_cancel"}]}
@@ -377,6 +378,8 @@ async def test_a_wrong_token_is_refused_clearly(token_server: DaphneServer, tran
         (["http://127.0.0.1:9", "--token", "has space"], "space"),
         (["http://127.0.0.1:9", "--token", "t", "-H", "Authorization: Basic eA=="], "not both"),
         (["http://127.0.0.1:9", "--max-message-size", "0"], "must be positive"),
+        (["http://127.0.0.1:9", "--reconnect-for", "-1"], "must not be negative"),
+        (["http://127.0.0.1:9", "--restart", "--no-reconnect"], "--restart needs reconnecting"),
     ],
 )
 def test_bad_usage_exits_2_with_one_line(argv: list[str], message: str) -> None:

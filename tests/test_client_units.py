@@ -55,7 +55,7 @@ def test_other_urls_are_refused(url: str) -> None:
 
 def test_http_only_options_are_refused_for_websocket() -> None:
     with pytest.raises(ClientUsageError):
-        HttpClient("ws://h", reconnect=lambda drop: None)
+        HttpClient("ws://h", stream_idle_timeout=5.0)
 
 
 def test_error_types() -> None:
@@ -95,9 +95,9 @@ def test_sse_fields() -> None:
     parser = SseParser()
     events = feed_all(parser, [b"\xef\xbb\xbfid: 7\nevent: note\nretry: 10\ndata: {}\n\nid: 8\n\ndata: z\n\n"])
     assert events == [
-        SseEvent("{}", "note", "7", 10),
-        SseEvent("", "message", "8", None),  # id only: updates the last event id
-        SseEvent("z", "message", "8", None),  # the id persists
+        SseEvent("{}", "note", "7", 10, has_id_field=True),
+        SseEvent("", "message", "8", None, has_id_field=True),  # id only: updates the last event id
+        SseEvent("z", "message", "8", None, has_id_field=False),  # the id persists
     ]
 
 

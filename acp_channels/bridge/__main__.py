@@ -12,7 +12,7 @@ from acp_channels.client import ClientUsageError
 from acp_channels.client.cli import ConnectionOptions, add_connection_arguments, connection_options
 from acp_channels.client.http_client import shown_url
 
-from .relay import Bridge, BridgeEnd
+from .relay import Bridge, BridgeEnd, log_reconnect
 from .stdio import StdinLines, StdoutLines
 
 __all__ = ["main", "parser"]
@@ -72,7 +72,7 @@ def _configure_logging(verbose: bool, quiet: bool) -> None:
 
 
 async def _serve(options: ConnectionOptions, max_message_size: int, drain_timeout: float) -> int:
-    client = options.client(max_message_size=max(max_message_size, RECEIVE_LIMIT))
+    client = options.client(max_message_size=max(max_message_size, RECEIVE_LIMIT), on_reconnect=log_reconnect)
     sink = StdoutLines()
     bridge = Bridge(
         client,

@@ -10,6 +10,9 @@ responses) is `HttpClient`'s job; the relay adds what a stdio agent owes its edi
 * responses the editor sends pass requests the editor sent before them that are still being
   delivered (HTTP: the transport's two lanes), so an agent waiting on a permission never waits
   behind the prompt that asked for it.
+
+A dropped stream or socket is resumed by `HttpClient` without the editor noticing (nothing is
+lost or written twice); `log_reconnect` says so on stderr ("reconnecting…", "resumed …").
 """
 
 from __future__ import annotations
@@ -25,13 +28,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from acp_channels import protocol
-from acp_channels.client import ClientUsageError, HttpClient, TransportError
+from acp_channels.client import ClientUsageError, HttpClient, ReconnectEvent, TransportError
 from acp_channels.client._base import FrameValue
 from acp_channels.protocol import Malformed
 
 from .stdio import LineSink, LineSource, LineTooLong
 
-__all__ = ["BRIDGE_ERROR", "Bridge", "BridgeEnd"]
+__all__ = ["BRIDGE_ERROR", "Bridge", "BridgeEnd", "log_reconnect"]
 
 logger = logging.getLogger("acp_channels.bridge")
 
@@ -315,6 +318,11 @@ class Bridge:
     async def _answer_pending(self, message: str, why: str) -> None:
         for request_id in self._pending.take_all():
             await self._write_value(_bridge_error(request_id, message, why))
+
+
+def log_reconnect(event: ReconnectEvent) -> None:
+    """The `on_reconnect` of the bridge's client: every drop, retry and outcome on stderr."""
+    logger.log(logging.WARNING if event.kind in ("restarted", "gave-up") else logging.INFO, "%s", event)
 
 
 def _only_responses(value: FrameValue) -> bool:

@@ -18,6 +18,9 @@ from .errors import (
     HttpStatusError,
     NetworkError,
     ProtocolViolationError,
+    ReconnectGaveUpError,
+    ResumeFailedError,
+    ResumeRefusedError,
     StreamEndedError,
     TransportClosedError,
     TransportError,
@@ -25,12 +28,14 @@ from .errors import (
     WebSocketClosedError,
 )
 from .http_client import DEFAULT_TIMEOUT, HttpClient, check_token, resolve_endpoint
-from .transport_http import ReconnectPolicy, StreamDrop
+from .reconnect import DEFAULT_BACKOFF, Backoff, ReconnectEvent, ReconnectPolicy, StreamDrop
 
 __all__ = [
+    "DEFAULT_BACKOFF",
     "DEFAULT_TIMEOUT",
     "AcpClientError",
     "AuthenticationError",
+    "Backoff",
     "ClientUsageError",
     "FrameValue",
     "HttpClient",
@@ -38,7 +43,11 @@ __all__ = [
     "NetworkError",
     "ProtocolViolationError",
     "RawFrame",
+    "ReconnectEvent",
+    "ReconnectGaveUpError",
     "ReconnectPolicy",
+    "ResumeFailedError",
+    "ResumeRefusedError",
     "StreamDrop",
     "StreamEndedError",
     "TransportClosedError",

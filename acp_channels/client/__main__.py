@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                 timeout=options.timeout,
                 permissions=args.permissions,
                 fs=args.fs,
+                reconnect=options.reconnect,
+                restart=options.restart,
             )
         )
     except KeyboardInterrupt:

@@ -9,12 +9,15 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 from acp_channels import protocol
 from acp_channels.protocol import Batch, Malformed, MalformedEntry, Single
 
 from .errors import ClientUsageError, HttpStatusError, TransportClosedError, TransportError, status_error
+
+if TYPE_CHECKING:
+    from .reconnect import ReconnectCallback, ReconnectEvent
 
 __all__ = ["FrameValue", "Inbox", "RawFrame", "TransportBase", "frame_value_for_send", "received", "received_value"]
 
@@ -164,8 +167,12 @@ class TransportBase:
         max_message_size: int,
         *,
         secrets: Iterable[str] = (),
+        on_reconnect: ReconnectCallback | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self._on_reconnect = on_reconnect
+        #: Streams (or the socket) being reconnected right now, by name.
+        self._reconnecting: set[str] = set()
         self.connection_id: str | None = None
         self._headers = dict(headers or {})
         secrets = tuple(secrets)
@@ -182,6 +189,27 @@ class TransportBase:
     @property
     def closed(self) -> bool:
         return self._close_started or self.error is not None
+
+    @property
+    def reconnecting(self) -> bool:
+        """A stream or the socket dropped and is being reconnected (or the connection restarted)."""
+        return bool(self._reconnecting)
+
+    def _tell(self, event: ReconnectEvent, logger: logging.Logger) -> None:
+        """Log `event` and hand it to the `on_reconnect` callback (whose failures are only logged)."""
+        if event.kind == "reconnecting":
+            self._reconnecting.add(event.what)
+        elif event.kind in ("resumed", "gave-up"):
+            self._reconnecting.discard(event.what)
+        else:
+            self._reconnecting.clear()
+        level = logging.WARNING if event.kind in ("restarted", "gave-up") else logging.INFO
+        logger.log(level, "%s", self.redact(str(event)))
+        if self._on_reconnect is not None:
+            try:
+                self._on_reconnect(event)
+            except Exception:
+                logger.exception("the on_reconnect callback failed")
 
     async def wait_failed(self) -> TransportError:
         """Wait until the transport fails; returns the error."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from .errors import ClientUsageError
 from .http_client import DEFAULT_TIMEOUT, HttpClient, check_token, resolve_endpoint
+from .reconnect import DEFAULT_BACKOFF, Backoff
 
 __all__ = ["TOKEN_ENVIRONMENT_VARIABLE", "ConnectionOptions", "add_connection_arguments", "connection_options"]
 
@@ -26,7 +27,7 @@ def _header(value: str) -> tuple[str, str]:
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """URL, --token, --token-subprotocol, -H/--header and --timeout."""
+    """URL, --token, --token-subprotocol, -H/--header, --timeout, --no-reconnect / --reconnect-for, --restart."""
     parser.add_argument("url", help="e.g. http://127.0.0.1:8000 or ws://127.0.0.1:8000/acp")
     parser.add_argument(
         "--token",
@@ -49,6 +50,26 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra header on every request, e.g. -H 'Authorization: Bearer ...' (repeatable)",
     )
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait for each answer")
+    reconnect = parser.add_mutually_exclusive_group()
+    reconnect.add_argument(
+        "--no-reconnect",
+        action="store_true",
+        help="a dropped stream or WebSocket ends the program (default: resume it when the server can)",
+    )
+    reconnect.add_argument(
+        "--reconnect-for",
+        type=float,
+        default=DEFAULT_BACKOFF.give_up_after,
+        metavar="SECONDS",
+        help="how long to keep trying to resume a dropped stream or WebSocket "
+        f"(default {DEFAULT_BACKOFF.give_up_after:g})",
+    )
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="when the server has forgotten the connection, start a new one and session/load the open sessions "
+        "(the agent must support loadSession; messages sent meanwhile are lost)",
+    )
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,8 @@ class ConnectionOptions:
     timeout: float
     warnings: tuple[str, ...]
     """Things the user should know (a token on the command line, a token sent unencrypted)."""
+    reconnect: Backoff | None = DEFAULT_BACKOFF
+    restart: bool = False
 
     def client(self, **options: object) -> HttpClient:
         """An `HttpClient` for these options (`options`: further HttpClient arguments)."""
@@ -71,6 +94,8 @@ class ConnectionOptions:
             websocket_token="subprotocol" if self.token_subprotocol else "header",
             headers=self.headers,
             timeout=self.timeout,
+            reconnect=self.reconnect,
+            restart=self.restart,
             **options,  # type: ignore[arg-type]
         )
 
@@ -113,6 +138,10 @@ def connection_options(args: argparse.Namespace) -> ConnectionOptions:
                 f"sending the token unencrypted to {parts.hostname} ({parts.scheme}://); "
                 f"use {secure}:// beyond this machine"
             )
+    if args.reconnect_for < 0:
+        raise ClientUsageError("--reconnect-for must not be negative")
+    if args.restart and args.no_reconnect:
+        raise ClientUsageError("--restart needs reconnecting (it happens when a resume finds the connection gone)")
     return ConnectionOptions(
         url=args.url,
         token=token,
@@ -120,4 +149,6 @@ def connection_options(args: argparse.Namespace) -> ConnectionOptions:
         headers=headers,
         timeout=args.timeout,
         warnings=tuple(warnings),
+        reconnect=None if args.no_reconnect else replace(DEFAULT_BACKOFF, give_up_after=args.reconnect_for),
+        restart=args.restart,
     )

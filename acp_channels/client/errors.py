@@ -20,6 +20,9 @@ __all__ = [
     "HttpStatusError",
     "NetworkError",
     "ProtocolViolationError",
+    "ReconnectGaveUpError",
+    "ResumeFailedError",
+    "ResumeRefusedError",
     "StreamEndedError",
     "TransportClosedError",
     "TransportError",
@@ -131,3 +134,31 @@ class TransportTimeoutError(TransportError, TimeoutError):
 
 class NetworkError(TransportError):
     """The network failed under a request (connection refused, reset, DNS, TLS…)."""
+
+
+class ResumeFailedError(TransportError):
+    """A dropped stream or socket could not be resumed without loss (see the subclasses)."""
+
+
+class ResumeRefusedError(ResumeFailedError, HttpStatusError):
+    """The server refused to resume: 409 (the events after the last one received fell out of
+    its replay window, or the id is not this stream's: messages were lost), or 404 (it forgot
+    the connection, and the client was not allowed to start a new one, or could not)."""
+
+    def __init__(self, request: str, status_code: int, body: str = "", *, detail: str = "") -> None:
+        super().__init__(request, status_code, body)
+        reason = body.strip() or ("the connection is gone" if status_code == 404 else "cannot resume")
+        self.args = (f"{request}: HTTP {status_code}: {reason}" + (f" ({detail})" if detail else ""),)
+
+
+class ReconnectGaveUpError(ResumeFailedError):
+    """Reconnecting did not succeed within the reconnect policy's bounded time."""
+
+    def __init__(self, what: str, attempts: int, elapsed: float, last_error: TransportError) -> None:
+        self.what = what
+        self.attempts = attempts
+        self.elapsed = elapsed
+        self.last_error = last_error
+        super().__init__(
+            f"gave up reconnecting the {what} after {elapsed:.1f}s and {attempts} attempts; last error: {last_error}"
+        )

@@ -20,7 +20,8 @@ import httpx
 
 from ._base import FrameValue, RawFrame
 from .errors import ClientUsageError, TransportError
-from .transport_http import HttpTransport, ReconnectPolicy
+from .reconnect import DEFAULT_BACKOFF, ReconnectCallback, ReconnectPolicy
+from .transport_http import HttpTransport
 from .transport_ws import WebSocketTransport
 
 __all__ = [
@@ -103,7 +104,19 @@ class HttpClient:
             (servers send keep-alives every 15 s). None (default) never gives up.
         cookies: initial cookies; cookies the server sets are kept for the connection.
         http_client: an `httpx.AsyncClient` to use (HTTP only; not closed by us).
-        reconnect: HTTP only; a `ReconnectPolicy` for dropped SSE streams (default: fatal).
+        reconnect: how to retry a dropped SSE stream or WebSocket (docs/resumable-streams.md):
+            a `ReconnectPolicy`, by default `Backoff()` (at once, then 0.1 s doubling to 5 s,
+            fatal 30 s after the drop); None: every drop is fatal, as in the reference client.
+            A stream or socket is only reconnected when that loses nothing and repeats nothing:
+            SSE when the stream carried event ids or the server advertised resuming; WebSocket
+            when the server advertised it and named the connection in the 101.
+        restart: when the server has forgotten the connection (404 on resume), start a new one:
+            initialize with the same params and `session/load` every open session (the agent
+            must advertise `loadSession`). Messages the agent sent after the drop are lost and
+            requests left unanswered get an error reply; `on_reconnect` is told. Off by default.
+        on_reconnect: called with a `ReconnectEvent` when a stream or the socket drops and is
+            retried ("reconnecting"), is back ("resumed"), was replaced ("restarted"), or the
+            client gives up ("gave-up"). `reconnecting` says whether one is under way.
         max_message_size: the largest message accepted (SSE event or WebSocket message).
         exact_url: use `url` as is, without appending `/acp`.
     """
@@ -119,7 +132,9 @@ class HttpClient:
         stream_idle_timeout: float | None = None,
         cookies: httpx.Cookies | dict[str, str] | None = None,
         http_client: httpx.AsyncClient | None = None,
-        reconnect: ReconnectPolicy | None = None,
+        reconnect: ReconnectPolicy | None = DEFAULT_BACKOFF,
+        restart: bool = False,
+        on_reconnect: ReconnectCallback | None = None,
         max_message_size: int = 64 * 1024 * 1024,
         exact_url: bool = False,
     ) -> None:
@@ -150,11 +165,13 @@ class HttpClient:
                 http_client=http_client,
                 cookies=cookies,
                 reconnect=reconnect,
+                restart=restart,
+                on_reconnect=on_reconnect,
                 max_message_size=max_message_size,
             )
         else:
-            if http_client is not None or reconnect is not None or stream_idle_timeout is not None:
-                raise ClientUsageError("http_client, reconnect and stream_idle_timeout are for http(s):// URLs")
+            if http_client is not None or stream_idle_timeout is not None:
+                raise ClientUsageError("http_client and stream_idle_timeout are for http(s):// URLs")
             self._transport = WebSocketTransport(
                 self.url,
                 headers=headers,
@@ -163,6 +180,9 @@ class HttpClient:
                 max_message_size=max_message_size,
                 subprotocols=subprotocols,
                 secrets=secrets,
+                reconnect=reconnect,
+                restart=restart,
+                on_reconnect=on_reconnect,
             )
 
     def __repr__(self) -> str:
@@ -192,6 +212,11 @@ class HttpClient:
     @property
     def cookies(self) -> httpx.Cookies:
         return self._transport.cookies
+
+    @property
+    def reconnecting(self) -> bool:
+        """A dropped stream or socket is being reconnected right now (see `on_reconnect`)."""
+        return self._transport.reconnecting
 
     async def wait_failed(self) -> TransportError:
         """Wait until the transport fails (never returns after a clean close); returns the error."""

@@ -26,6 +26,8 @@ class SseEvent:
     event: str = "message"
     id: str | None = None
     retry: int | None = None
+    has_id_field: bool = False
+    """The event had its own `id:` line (`id` otherwise is the one that persists from before)."""
 
 
 class SseTooLarge(ValueError):
@@ -112,4 +114,4 @@ class SseParser:
         if not data and not id_seen and retry is None:
             return None
         # The last event id persists across events (it is the stream's, per the standard).
-        return SseEvent("\n".join(data), event or "message", event_id, retry)
+        return SseEvent("\n".join(data), event or "message", event_id, retry, id_seen)

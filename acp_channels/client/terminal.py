@@ -4,7 +4,9 @@ It connects with `HttpClient` (http(s):// = POST+SSE, ws(s):// = WebSocket), ini
 one session and then reads prompts line by line. The agent's messages are printed as they
 arrive, tool calls are shown with each status change, permission requests are asked on the
 terminal, Ctrl-C cancels the running turn (`session/cancel`), and `/quit` or Ctrl-D ends the
-program, closing the connection (DELETE over HTTP, a Close frame over WebSocket).
+program, closing the connection (DELETE over HTTP, a Close frame over WebSocket). A dropped
+stream or socket is resumed when the server can ("[reconnecting…]", then "[resumed]" or
+"[gave up] …" is shown).
 
 It is written against the `acp` SDK's client side, so it works with any ACP agent server.
 """
@@ -51,6 +53,7 @@ from acp_channels import __version__
 
 from .errors import AuthenticationError, TransportError
 from .http_client import HttpClient
+from .reconnect import DEFAULT_BACKOFF, ReconnectEvent, ReconnectPolicy
 
 __all__ = ["PermissionMode", "TerminalClient", "run"]
 
@@ -327,6 +330,31 @@ async def _first(line: Any, cancelled: Any) -> Any:
     return reading.result() if reading in done else _CANCELLED
 
 
+class ReconnectNotices:
+    """Tells the terminal user about drops: "reconnecting…" once per outage, then how it ended."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.transport: HttpClient | None = None
+        self._shown = False
+
+    def __call__(self, event: ReconnectEvent) -> None:
+        if event.kind == "reconnecting":
+            if not self._shown:
+                self._shown = True
+                self.console.line(f"[reconnecting…] {event.what}: {event.error}")
+        elif event.kind == "resumed":
+            if self._shown and (self.transport is None or not self.transport.reconnecting):
+                self._shown = False
+                self.console.line("[resumed] nothing was lost")
+        elif event.kind == "restarted":
+            self._shown = False
+            self.console.line(f"[{event}]")
+        else:
+            self._shown = False
+            self.console.line(f"[gave up] {event.error}")
+
+
 def _pick(answer: str, options: list[PermissionOption]) -> PermissionOption | None:
     if answer.isdigit() and 1 <= int(answer) <= len(options):
         return options[int(answer) - 1]
@@ -355,17 +383,24 @@ async def run(
     fs: bool = False,
     stdin: TextIO | None = None,
     stdout: TextIO | None = None,
+    reconnect: ReconnectPolicy | None = DEFAULT_BACKOFF,
+    restart: bool = False,
 ) -> int:
     """Run the terminal client until /quit, EOF or a second Ctrl-C; returns the exit status."""
     console = Console(stdout or sys.stdout)
     lines = LineReader(stdin or sys.stdin)
+    notices = ReconnectNotices(console)
     transport = HttpClient(
         url,
         headers=headers,
         token=token,
         websocket_token="subprotocol" if token_subprotocol else "header",
         timeout=timeout,
+        reconnect=reconnect,
+        restart=restart,
+        on_reconnect=notices,
     )
+    notices.transport = transport
     client = TerminalClient(console, lines, permissions=permissions, fs=fs)
     conn = acp.connect_to_agent(cast(Client, client), transport)
     loop = asyncio.get_running_loop()

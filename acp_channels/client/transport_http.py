@@ -19,9 +19,15 @@ The order of things, as the Rust `HttpClient` does them:
   once, the inbox ends with the error, and later sends raise `TransportClosedError`.
 * Malformed SSE data is passed up as a JSON-RPC error object (-32700 / -32600) and is not fatal.
 
-Reconnecting a dropped stream is left to a `ReconnectPolicy` (none by default, as in the
-reference): it gets a `StreamDrop` and returns a delay to retry after, or None to give up. The
-retry GET carries `Last-Event-ID` when the stream had event ids.
+Unlike the reference, a dropped stream is reopened when that loses nothing
+(docs/resumable-streams.md): the stream carried event ids, or the server advertised resuming in
+`initialize`'s `result._meta["acp-channels/resume"]`. The `ReconnectPolicy` (`Backoff` by
+default) gives the delay before each retry GET, which carries `Last-Event-ID`, or None to give
+up (fatal: `ReconnectGaveUpError`). Events a server sends again (an id at or before the last one
+delivered, same stream tag) are skipped. A 409 to a resuming GET (the events are gone, or the
+id is foreign) is fatal (`ResumeRefusedError`); so is a 404 (the connection is gone: ended or forgotten)
+unless `restart` is on: then a new connection is initialized with the same params and every
+open session is `session/load`ed (see `ReconnectEvent`).
 """
 
 from __future__ import annotations
@@ -30,9 +36,9 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import Any, Final, TypeVar
 
 import httpx
 
@@ -45,10 +51,24 @@ from .errors import (
     HttpStatusError,
     NetworkError,
     ProtocolViolationError,
+    ReconnectGaveUpError,
+    ResumeRefusedError,
     StreamEndedError,
     TransportClosedError,
     TransportError,
     TransportTimeoutError,
+)
+from .reconnect import (
+    ReconnectCallback,
+    ReconnectEvent,
+    ReconnectPolicy,
+    SessionLedger,
+    StreamDrop,
+    event_position,
+    gone_detail,
+    is_private_reply,
+    replayed_update_of,
+    restart_error,
 )
 from .sse import SseParser, SseTooLarge
 
@@ -64,23 +84,8 @@ LAST_EVENT_ID: Final = "Last-Event-ID"
 _ERROR_BODY_LIMIT: Final = 2000
 
 
-@dataclass(frozen=True, slots=True)
-class StreamDrop:
-    """An SSE stream that was established has ended or broken."""
-
-    session_id: str | None
-    """The session of the stream; None for the connection stream."""
-    attempt: int
-    """1 for the first retry since the stream was last (re)established."""
-    error: TransportError
-    """Why it ended (StreamEndedError, NetworkError, HttpStatusError of a failed retry, …)."""
-    last_event_id: str | None
-    """The last SSE `id:` seen on it; the retry sends it as `Last-Event-ID`."""
-
-
-#: Decides whether to reopen a dropped stream: seconds to wait before the retry GET, or None to
-#: give up (the drop is then fatal, as in the reference client).
-ReconnectPolicy: TypeAlias = Callable[[StreamDrop], float | None]
+#: Statuses of a retry GET worth another try: the server (or a balancer) is busy or restarting.
+_RETRY_STATUSES: Final = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
 @dataclass(eq=False)
@@ -89,8 +94,12 @@ class _Stream:
     established: asyncio.Future[None]
     task: asyncio.Task[None] | None = None
     last_event_id: str | None = None
+    #: (tag, seq) of the last event delivered, when its id has our server's form.
+    position: tuple[str, int] | None = None
     attempts: int = 0
     connected: bool = False
+    #: loop time of the drop being retried (None while the stream is up).
+    dropped_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -137,12 +146,20 @@ class HttpTransport(TransportBase):
         http_client: httpx.AsyncClient | None = None,
         cookies: httpx.Cookies | dict[str, str] | None = None,
         reconnect: ReconnectPolicy | None = None,
+        restart: bool = False,
+        on_reconnect: ReconnectCallback | None = None,
         max_message_size: int = 64 * 1024 * 1024,
         secrets: Iterable[str] = (),
     ) -> None:
-        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets)
+        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets, on_reconnect=on_reconnect)
         self._stream_idle_timeout = stream_idle_timeout
         self._reconnect = reconnect
+        self._restart = restart
+        self._ledger = SessionLedger()
+        self._restart_task: asyncio.Task[None] | None = None
+        #: Sessions a restart is loading: their replayed history is not delivered again.
+        self._loading: set[str] = set()
+        self._private_replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._owns_client = http_client is None
         if http_client is None:
             http_client = httpx.AsyncClient(
@@ -216,6 +233,7 @@ class HttpTransport(TransportBase):
             headers = self._post_headers()
             if isinstance(parsed, Single) and (header := protocol.message_session_id(parsed.message)) is not None:
                 headers["Acp-Session-Id"] = header
+            self._ledger.sent(value)
             await self._post(value, headers, self._describe(parsed), raw)
 
     def _sessions_of(self, frame: Frame) -> list[str]:
@@ -241,17 +259,23 @@ class HttpTransport(TransportBase):
         return "POST"
 
     async def _send_response(self, value: FrameValue, raw: str | None) -> None:
-        headers = self._post_headers()
-        if isinstance(value, dict) and "id" in value:
-            routes = self._agent_request_routes.get(protocol.id_key(value["id"]))
-            if routes:
-                route = routes.popleft()
-                if not routes:
-                    del self._agent_request_routes[protocol.id_key(value["id"])]
-                if route is not None:
-                    headers["Acp-Session-Id"] = route
-        async with self._response_lane:
+        async with self._response_lane:  # headers inside: a restart may change the connection
             self._raise_if_failed()
+            if self._ledger.stale_answer(value):
+                assert isinstance(value, dict)
+                logger.info("dropped an answer to request %s of the connection that was lost", value["id"])
+                return
+            self._ledger.sent(value)
+            headers = self._post_headers()
+            if isinstance(value, dict) and "id" in value:
+                key = protocol.id_key(value["id"])
+                routes = self._agent_request_routes.get(key)
+                if routes:
+                    route = routes.popleft()
+                    if not routes:
+                        del self._agent_request_routes[key]
+                    if route is not None:
+                        headers["Acp-Session-Id"] = route
             await self._post(value, headers, "POST response", raw)
 
     def _post_headers(self) -> dict[str, str]:
@@ -264,7 +288,11 @@ class HttpTransport(TransportBase):
         response = await self._exchange("POST", what, headers, _body(value, raw))
         logger.debug("%s: HTTP %d", what, response.status_code)
         if not _is_2xx(response):
-            raise self._fail(self._response_error(what, response, response.text))
+            error = self._response_error(what, response, response.text)
+            gone = response.status_code == 404 and self._restart
+            if gone and self._connection_gone(error, headers.get("Acp-Connection-Id")):
+                return response  # a restart answers the request (an error: it was not delivered)
+            raise self._fail(error)
         return response
 
     def _response_error(self, what: str, response: httpx.Response, body: str) -> HttpStatusError:
@@ -288,6 +316,7 @@ class HttpTransport(TransportBase):
     async def _initialize(self, value: FrameValue, raw: str | None) -> None:
         assert isinstance(value, dict)
         self._initializing = True
+        self._ledger.sent(value)
         try:
             headers = {**self._headers, "Content-Type": JSON, "Accept": JSON}
             response = await self._exchange("POST", "initialize", headers, _body(value, raw))
@@ -316,6 +345,7 @@ class HttpTransport(TransportBase):
             if connection_id is None:
                 raise self._fail(ProtocolViolationError("server did not return acp-connection-id header"))
             self._initialized = True
+            self._ledger.received(reply)
             self._inbox.put(reply, response.text)
             await self._wait_established(None)
         finally:
@@ -335,6 +365,8 @@ class HttpTransport(TransportBase):
         return stream
 
     async def _wait_established(self, session_id: str | None) -> None:
+        if self._restart_task is not None and asyncio.current_task() is not self._restart_task:
+            return  # the connection is being replaced: what is sent now finds it gone (answered by the restart)
         stream = self._open_stream(session_id)
         if stream is None:
             raise self._closed_error()
@@ -343,6 +375,8 @@ class HttpTransport(TransportBase):
 
     async def _run_stream(self, stream: _Stream) -> None:
         while True:
+            sent_event_id = stream.last_event_id or None
+            connection_id = self.connection_id
             try:
                 await self._read_stream(stream)
                 error: TransportError = StreamEndedError(stream.session_id)
@@ -358,24 +392,70 @@ class HttpTransport(TransportBase):
                 error = StreamEndedError(stream.session_id, f"{type(exc).__name__}: {exc}")
             if self._close_started or self.error is not None:
                 return
-            if stream.connected and self._reconnect is not None:
-                stream.attempts += 1
-                drop = StreamDrop(stream.session_id, stream.attempts, error, stream.last_event_id)
-                delay = self._reconnect(drop)
-                if delay is not None:
-                    logger.info("reopening %s (attempt %d): %s", stream.name, stream.attempts, error)
-                    if delay > 0:
-                        await asyncio.sleep(delay)  # the policy's backoff
-                    continue
+            if not stream.connected:
+                if isinstance(error, HttpStatusError) and error.status_code == 404 and self._restart:
+                    self._connection_gone(error, connection_id, stream.name)
+                else:
+                    self._fail(error)  # it never opened: as in the reference
+                return
+            if isinstance(error, HttpStatusError) and not self._retry_status(error, sent_event_id is not None):
+                if error.status_code == 404:
+                    self._connection_gone(error, connection_id, stream.name)  # a restart replaces the stream
+                    return
+                if error.status_code == 409 and sent_event_id is not None:
+                    error = ResumeRefusedError(error.request, 409, error.body)
+                self._give_up(stream, error)
+                return
+            delay = self._retry_delay(stream, error)
+            if delay is None:
+                return
+            if delay > 0:
+                await asyncio.sleep(delay)  # the policy's backoff
+
+    @staticmethod
+    def _retry_status(error: HttpStatusError, sent_event_id: bool) -> bool:
+        """Whether a retry GET's status is worth another try (else it is final)."""
+        if error.status_code == 409:
+            # Without Last-Event-ID, 409 means the server still holds the old response.
+            return not sent_event_id
+        return error.status_code in _RETRY_STATUSES
+
+    def _retry_delay(self, stream: _Stream, error: TransportError) -> float | None:
+        """Seconds before the next GET of a dropped stream, or None when the drop became fatal."""
+        if self._reconnect is None:
             self._fail(error)
-            return
+            return None
+        if stream.last_event_id is None and not self._ledger.resume.sse:
+            # No ids and no promise to replay: a new GET could silently skip events.
+            self._fail(error)
+            return None
+        now = asyncio.get_running_loop().time()
+        if stream.dropped_at is None:
+            stream.dropped_at = now
+        stream.attempts += 1
+        elapsed = now - stream.dropped_at
+        drop = StreamDrop(stream.session_id, stream.attempts, error, stream.last_event_id, elapsed, stream.name)
+        delay = self._reconnect(drop)
+        if delay is None:
+            if stream.attempts == 1:
+                self._fail(error)  # the policy does not reconnect this one at all
+            else:
+                self._give_up(stream, ReconnectGaveUpError(stream.name, stream.attempts - 1, elapsed, error))
+            return None
+        self._tell(ReconnectEvent("reconnecting", stream.name, error, stream.attempts, delay), logger)
+        return delay
+
+    def _give_up(self, stream: _Stream, error: TransportError) -> None:
+        if stream.dropped_at is not None and not self.closed:
+            self._tell(ReconnectEvent("gave-up", stream.name, error, stream.attempts), logger)
+        self._fail(error)
 
     async def _read_stream(self, stream: _Stream) -> None:
         assert self.connection_id is not None
         headers = {**self._headers, "Accept": EVENT_STREAM, "Acp-Connection-Id": self.connection_id}
         if stream.session_id is not None:
             headers["Acp-Session-Id"] = stream.session_id
-        if stream.last_event_id is not None:
+        if stream.last_event_id:
             headers[LAST_EVENT_ID] = stream.last_event_id
         what = f"GET {stream.name}"
         timeout = httpx.Timeout(self._timeout, read=self._stream_idle_timeout)
@@ -400,11 +480,20 @@ class HttpTransport(TransportBase):
             stream.attempts = 0
             if not stream.established.done():
                 stream.established.set_result(None)
+            if stream.dropped_at is not None:
+                stream.dropped_at = None
+                self._tell(ReconnectEvent("resumed", stream.name), logger)
             parser = SseParser(self._max_message_size)
             async for chunk in response.aiter_bytes():
                 for event in parser.feed(chunk):
-                    if event.id is not None:
+                    if event.has_id_field and event.id is not None:
+                        position = event_position(event.id)
+                        last = stream.position
+                        if position is not None and last is not None and position[0] == last[0]:
+                            if position[1] <= last[1]:
+                                continue  # sent again after a resume: delivered already
                         stream.last_event_id = event.id
+                        stream.position = position
                     if event.data:
                         self._deliver(event.data, stream.session_id)
         finally:
@@ -412,6 +501,15 @@ class HttpTransport(TransportBase):
 
     def _deliver(self, text: str, session_id: str | None) -> None:
         value, exact = received(text)
+        if is_private_reply(value):
+            assert isinstance(value, dict)
+            waiter = self._private_replies.pop(value["id"], None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(value)
+            return
+        if replayed_update_of(value, self._loading):
+            return  # history a restart's session/load replays: the caller has seen it
+        self._ledger.received(value)
         for message in _messages(protocol.frame_from_value(value)):
             request_id = message.get("id")
             if "method" in message:
@@ -421,6 +519,135 @@ class HttpTransport(TransportBase):
             elif isinstance(result := message.get("result"), dict) and isinstance(result.get("sessionId"), str):
                 self._open_stream(result["sessionId"])  # the session's updates flow from now on
         self._inbox.put(value, exact)
+
+    # ----------------------------------------------------------------------------- restart
+
+    def _connection_gone(self, error: HttpStatusError, connection_id: str | None, what: str = "") -> bool:
+        """The server answered 404 for `connection_id`: start a restart when allowed (True),
+        else fail with a `ResumeRefusedError` saying why (False)."""
+        if self._close_started or self.error is not None:
+            return False
+        if connection_id is not None and connection_id != self.connection_id:
+            return True  # about a connection a restart already replaced
+        if self._restart_task is not None:
+            return True
+        refusal = self._ledger.restart_refusal() if self._restart else "restart is off"
+        if refusal is not None or connection_id is None:
+            refusal = refusal or "the request named no connection"
+            gone = ResumeRefusedError(error.request, 404, error.body, detail=gone_detail(connection_id, refusal))
+            if what:
+                self._tell(ReconnectEvent("gave-up", what, gone), logger)
+            self._fail(gone)
+            return False
+        self._restart_task = asyncio.create_task(self._restart_connection(connection_id), name="acp-client restart")
+        return True
+
+    async def _restart_connection(self, previous: str) -> None:
+        """A new connection in place of `previous`, which the server forgot: initialize with the
+        same params, reopen the streams, `session/load` every open session."""
+        try:
+            # Before taking the lanes: a send waiting for a stream to open goes on (see _wait_established).
+            await self._stop_streams()
+            async with self._call_lane, self._response_lane:
+                if self.closed:
+                    return
+                failed = self._ledger.take_outstanding()
+                for request_id in failed:
+                    self._inbox.put(restart_error(request_id))
+                self._agent_request_routes.clear()
+                self.connection_id = None
+                await self._initialize_again()
+                loaded, lost = await self._load_sessions()
+            event = ReconnectEvent(
+                "restarted",
+                "connection",
+                connection_id=self.connection_id,
+                previous_connection_id=previous,
+                sessions_loaded=tuple(loaded),
+                sessions_lost=tuple(lost),
+                requests_failed=len(failed),
+            )
+            self._tell(event, logger)
+        except TransportError as exc:
+            self._fail(exc)
+        finally:
+            self._restart_task = None
+
+    async def _stop_streams(self) -> None:
+        streams = list(self._streams.values())
+        self._streams.clear()
+        for stream in streams:
+            if stream.task is not None and stream.task is not asyncio.current_task():
+                stream.task.cancel()
+            if not stream.established.done():
+                stream.established.set_result(None)
+        for stream in streams:
+            if stream.task is not None and stream.task is not asyncio.current_task():
+                with contextlib.suppress(BaseException):
+                    await stream.task
+
+    async def _initialize_again(self) -> None:
+        message = self._ledger.initialize_request()
+        headers = {**self._headers, "Content-Type": JSON, "Accept": JSON}
+        what = "initialize (restart)"
+        response = await self._exchange("POST", what, headers, _body(message, None))
+        connection_id = protocol.header_value(response.headers.get_list(CONNECTION_HEADER)) or None
+        if connection_id is not None:
+            self.connection_id = connection_id  # deleted on failure
+        if not _is_2xx(response):
+            raise self._fail(self._response_error(what, response, response.text))
+        frame = protocol.parse_frame(response.text)
+        reply = frame.message if isinstance(frame, Single) else None
+        if reply is None or reply.get("id") != message["id"] or "error" in reply or connection_id is None:
+            raise self._fail(ProtocolViolationError(f"{what}: the server did not accept it: {response.text[:200]!r}"))
+        self._ledger.initialize_id = None  # the caller's initialize was answered long ago
+        self._ledger.received(reply)
+        self._ledger.initialized = True
+        await self._wait_established(None)
+
+    async def _load_sessions(self) -> tuple[list[str], list[tuple[str, str]]]:
+        loaded: list[str] = []
+        lost: list[tuple[str, str]] = []
+        for session_id in list(self._ledger.sessions):
+            message = self._ledger.load_request(session_id)
+            self._loading.add(session_id)
+            try:
+                await self._wait_established(session_id)
+                reply = await self._private_call(message, session_id)
+            finally:
+                self._loading.discard(session_id)
+            if "error" in reply:
+                error = reply["error"]
+                why = error.get("message", "error") if isinstance(error, dict) else str(error)
+                lost.append((session_id, str(why)))
+                del self._ledger.sessions[session_id]
+            else:
+                loaded.append(session_id)
+        return loaded, lost
+
+    async def _private_call(self, message: dict[str, Any], session_id: str | None) -> dict[str, Any]:
+        """Send a request of our own and wait for its reply (kept from the caller)."""
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._private_replies[message["id"]] = waiter
+        headers = self._post_headers()
+        if session_id is not None:
+            headers["Acp-Session-Id"] = session_id
+        what = f"POST {message['method']} (restart)"
+        try:
+            response = await self._exchange("POST", what, headers, _body(message, None))
+            if not _is_2xx(response):
+                raise self._fail(self._response_error(what, response, response.text))
+            if response.headers.get("content-type", "").startswith(JSON) and response.content:
+                body = protocol.parse_frame(response.text)  # a server may answer in the body
+                if isinstance(body, Single) and body.message.get("id") == message["id"]:
+                    return body.message
+            try:
+                async with asyncio.timeout(self._timeout):
+                    return await self._unless_failed(asyncio.shield(waiter), self._closing)
+            except TimeoutError as exc:
+                raise self._fail(TransportTimeoutError(f"{what}: no answer within {self._timeout:g}s")) from exc
+        finally:
+            self._private_replies.pop(message["id"], None)
 
     # ------------------------------------------------------------------------------- the end
 
@@ -464,6 +691,10 @@ class HttpTransport(TransportBase):
         self._close_started = True
         self._closing.set()
         try:
+            if self._restart_task is not None:
+                self._restart_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._restart_task
             async with self._call_lane, self._response_lane:
                 pass  # sends already queued go out first, in order
             if self._delete_task is not None:

@@ -1,16 +1,28 @@
 """ACP over one WebSocket: one text message per frame each way (a batch is one message).
 
 As in the reference client (rust-reference §13, WebSocket mode): no ACP headers, no
-initialize gate (the agent decides), binary messages ignored, and any close or break of the
-socket by the server is fatal. The 101's `acp-connection-id` is kept as `connection_id`
-(our server and the official SDK servers send it), and custom headers and cookies go on the
-upgrade request. Credentials travel in the `Authorization` header of the upgrade, or, as a
-browser must send them, in the offered subprotocols (`subprotocols=["acp", "acp.bearer.<token>"]`).
+initialize gate (the agent decides), binary messages ignored. The 101's `acp-connection-id` is
+kept as `connection_id` (our server and the official SDK servers send it), and custom headers
+and cookies go on the upgrade request. Credentials travel in the `Authorization` header of the
+upgrade, or, as a browser must send them, in the offered subprotocols
+(`subprotocols=["acp", "acp.bearer.<token>"]`).
+
+Unlike the reference, a socket that breaks is reattached when the server advertised it
+(`initialize`'s `result._meta["acp-channels/resume"].websocket`) and its first 101 named the
+connection (docs/resumable-streams.md): a new upgrade with `Acp-Connection-Id` and
+`Last-Event-ID: <text messages received>`, whose 101 says in `Acp-Received` how many of ours
+the server got; the ones after that are sent again, in order, before anything new. To do that
+the last `RESEND_WINDOW_MESSAGES` messages sent (at most `RESEND_WINDOW_BYTES`, but always the
+last one) are kept; a server that got fewer than that window covers makes the reattach fatal
+(`ResumeFailedError`), as does a 404 or 409 to it (unless `restart` handles the 404). A close
+frame from the server is its decision and stays fatal; only a socket that ends without one, or
+with 1001 (going away) or 1012 (service restart), is reattached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,20 +36,57 @@ from websockets.typing import Subprotocol
 from acp_channels import protocol
 from acp_channels.protocol import CONNECTION_HEADER
 
-from ._base import TransportBase, frame_value_for_send, received
+from ._base import FrameValue, TransportBase, frame_value_for_send, received
 from .errors import (
+    HttpStatusError,
     NetworkError,
+    ProtocolViolationError,
+    ReconnectGaveUpError,
+    ResumeFailedError,
+    ResumeRefusedError,
     TransportClosedError,
     TransportError,
     TransportTimeoutError,
     WebSocketClosedError,
 )
+from .reconnect import (
+    ReconnectCallback,
+    ReconnectEvent,
+    ReconnectPolicy,
+    SessionLedger,
+    StreamDrop,
+    gone_detail,
+    is_private_reply,
+    replayed_update_of,
+    restart_error,
+)
 
-__all__ = ["WebSocketTransport"]
+__all__ = ["RESEND_WINDOW_BYTES", "RESEND_WINDOW_MESSAGES", "WebSocketTransport"]
 
 logger = logging.getLogger("acp_channels.client")
 
 T = TypeVar("T")
+
+#: Sent messages kept for a reattach to send again (the oldest go first; the last one is always kept).
+RESEND_WINDOW_MESSAGES: Final = 4096
+RESEND_WINDOW_BYTES: Final = 16 * 1024 * 1024
+LAST_EVENT_ID: Final = "Last-Event-ID"
+RECEIVED_HEADER: Final = "Acp-Received"
+#: Close codes a proxy or a restarting worker sends while the connection lives on.
+_RESUMABLE_CLOSE_CODES: Final = frozenset({1001, 1012})
+#: Upgrade statuses worth another try (a busy or restarting server or balancer).
+_RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
+WHAT: Final = "WebSocket"
+#: A server that cannot answer an upgrade with an HTTP status refuses a reattach by closing the
+#: accepted socket with this + the status (docs/resumable-streams.md).
+REFUSAL_CLOSE_BASE: Final = 4000
+
+
+class _Refused(Exception):
+    """An upgrade answered with a status instead of 101."""
+
+    def __init__(self, error: HttpStatusError) -> None:
+        self.error = error
 
 
 class WebSocketTransport(TransportBase):
@@ -56,91 +105,382 @@ class WebSocketTransport(TransportBase):
         ping_interval: float | None = 20.0,
         subprotocols: Sequence[str] = (),
         secrets: Iterable[str] = (),
+        reconnect: ReconnectPolicy | None = None,
+        restart: bool = False,
+        on_reconnect: ReconnectCallback | None = None,
     ) -> None:
-        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets)
+        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets, on_reconnect=on_reconnect)
         self._ping_interval = ping_interval
         self._subprotocols = [Subprotocol(name) for name in subprotocols]
         #: The subprotocol the server chose (None: it chose none).
         self.subprotocol: str | None = None
         self.cookies = httpx.Cookies(cookies)
+        self._reconnect = reconnect
+        self._restart = restart
+        self._ledger = SessionLedger()
         self._socket: ClientConnection | None = None
         self._connect_lock = asyncio.Lock()
+        self._send_lock = asyncio.Lock()
+        self._attached = asyncio.Event()  # a socket is up and every retained message was resent
+        self._closing = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+        self._reattach_task: asyncio.Task[None] | None = None
         self._close_done = asyncio.Event()
+        #: The first 101 named the connection: a reattach can name it too.
+        self._named = False
+        self._received_count = 0
+        self._sent_count = 0
+        self._retained: collections.deque[tuple[int, str]] = collections.deque()
+        self._retained_bytes = 0
+        self._loading: set[str] = set()
+        self._private_replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._restarting = False
+
+    @property
+    def received_count(self) -> int:
+        """Text messages received on this connection (what a reattach sends as `Last-Event-ID`)."""
+        return self._received_count
+
+    @property
+    def sent_count(self) -> int:
+        return self._sent_count
+
+    # --------------------------------------------------------------------------- the socket
 
     async def connect(self) -> None:
         """Open the socket (done by the first send when not called)."""
         self._raise_if_unusable()
         async with self._connect_lock:
-            if self._socket is not None:
+            if self._socket is not None or self._attached.is_set() or self._reattach_task is not None:
                 return
             self._raise_if_unusable()
-            headers = dict(self._headers)
-            cookie_header = "; ".join(f"{name}={value}" for name, value in self.cookies.items())
-            if cookie_header and not any(name.lower() == "cookie" for name in headers):
-                headers["Cookie"] = cookie_header
             try:
-                socket = await connect(
-                    self.endpoint,
-                    additional_headers=headers,
-                    user_agent_header="acp-channels-client",
-                    open_timeout=self._timeout,
-                    close_timeout=self._timeout,
-                    max_size=self._max_message_size,
-                    ping_interval=self._ping_interval,
-                    subprotocols=self._subprotocols or None,
+                socket = await self._open({})
+            except _Refused as refused:
+                raise self._fail(refused.error) from refused
+            except TransportError as exc:
+                raise self._fail(exc) from exc
+            self._named = self.connection_id is not None
+            self._attach(socket)
+
+    async def _open(self, extra_headers: dict[str, str]) -> ClientConnection:
+        """A new socket; raises `_Refused` for a non-101 status, a `TransportError` otherwise.
+        Records the connection id and cookies of the 101."""
+        headers = {**self._headers, **extra_headers}
+        cookie_header = "; ".join(f"{name}={value}" for name, value in self.cookies.items())
+        if cookie_header and not any(name.lower() == "cookie" for name in headers):
+            headers["Cookie"] = cookie_header
+        what = "WebSocket reattach" if extra_headers else "WebSocket upgrade"
+        try:
+            socket = await connect(
+                self.endpoint,
+                additional_headers=headers,
+                user_agent_header="acp-channels-client",
+                open_timeout=self._timeout,
+                close_timeout=self._timeout,
+                max_size=self._max_message_size,
+                ping_interval=self._ping_interval,
+                subprotocols=self._subprotocols or None,
+            )
+        except InvalidStatus as exc:
+            body = exc.response.body.decode(errors="replace") if exc.response.body else ""
+            challenge = exc.response.headers.get("WWW-Authenticate")
+            raise _Refused(self._status_error(what, exc.response.status_code, body[:2000], challenge)) from exc
+        except TimeoutError as exc:
+            raise TransportTimeoutError(f"{what}: no answer within {self._timeout}s") from exc
+        except (OSError, InvalidHandshake, InvalidURI) as exc:
+            raise NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
+        self.subprotocol = socket.subprotocol
+        response = socket.response
+        if response is not None:
+            self.connection_id = protocol.header_value(response.headers.get_all(CONNECTION_HEADER)) or None
+            set_cookies = response.headers.get_all("Set-Cookie")
+            if set_cookies:
+                http_url = "http" + self.endpoint.removeprefix("ws")
+                fake = httpx.Response(
+                    101,
+                    headers=[("set-cookie", value) for value in set_cookies],
+                    request=httpx.Request("GET", http_url),
                 )
-            except InvalidStatus as exc:
-                body = exc.response.body.decode(errors="replace") if exc.response.body else ""
-                challenge = exc.response.headers.get("WWW-Authenticate")
-                refused = self._status_error("WebSocket upgrade", exc.response.status_code, body[:2000], challenge)
-                raise self._fail(refused) from exc
-            except TimeoutError as exc:
-                error = TransportTimeoutError(f"WebSocket upgrade: no answer within {self._timeout}s")
-                raise self._fail(error) from exc
-            except (OSError, InvalidHandshake, InvalidURI) as exc:
-                failed = NetworkError(self.redact(f"WebSocket upgrade: {type(exc).__name__}: {exc}"))
-                raise self._fail(failed) from exc
-            self.subprotocol = socket.subprotocol
-            response = socket.response
-            if response is not None:
-                self.connection_id = protocol.header_value(response.headers.get_all(CONNECTION_HEADER)) or None
-                set_cookies = response.headers.get_all("Set-Cookie")
-                if set_cookies:
-                    http_url = "http" + self.endpoint.removeprefix("ws")
-                    fake = httpx.Response(
-                        101,
-                        headers=[("set-cookie", value) for value in set_cookies],
-                        request=httpx.Request("GET", http_url),
-                    )
-                    self.cookies.extract_cookies(fake)
-            self._socket = socket
-            self._reader = asyncio.create_task(self._read(socket), name="acp-client websocket reader")
+                self.cookies.extract_cookies(fake)
+        return socket
+
+    def _attach(self, socket: ClientConnection) -> None:
+        self._socket = socket
+        self._reader = asyncio.create_task(self._read(socket), name="acp-client websocket reader")
+        self._attached.set()
+
+    # ------------------------------------------------------------------------------ sending
 
     async def send(self, frame: Any, *, raw: str | None = None) -> None:
         value = frame_value_for_send(frame)
         self._raise_if_unusable()
         await self.connect()
-        socket = self._socket
-        assert socket is not None
-        try:
-            await self._unless_failed(socket.send(raw if raw is not None else protocol.dumps(value)))
+        text = raw if raw is not None else protocol.dumps(value)
+        while True:
+            await self._unless_failed(self._attached.wait(), self._closing)
+            async with self._send_lock:
+                socket = self._socket
+                if not self._attached.is_set() or socket is None:
+                    continue  # it dropped while we waited for the lock
+                if self._ledger.stale_answer(value):
+                    logger.info("dropped an answer to a request of the connection that was lost")
+                    return
+                self._ledger.sent(value)
+                await self._send_numbered(socket, text)
+            if self.error is not None:
+                raise self.error
             if logger.isEnabledFor(logging.DEBUG):
                 what = value.get("method", "response") if isinstance(value, dict) else "batch"
                 logger.debug("sent %s", what)
+            return
+
+    async def _send_numbered(self, socket: ClientConnection, text: str) -> None:
+        """Number and keep `text` (a reattach may send it again), then send it. A socket that
+        drops meanwhile is handled as a drop: the message goes again after a reattach."""
+        self._sent_count += 1
+        self._retain(self._sent_count, text)
+        try:
+            await self._unless_failed(socket.send(text), self._closing)
         except ConnectionClosed as exc:
-            raise self._fail(self._closed_by_peer(exc)) from exc
+            self._dropped(socket, exc)
+
+    def _retain(self, number: int, text: str) -> None:
+        self._retained.append((number, text))
+        self._retained_bytes += len(text)
+        while len(self._retained) > 1 and (
+            len(self._retained) > RESEND_WINDOW_MESSAGES or self._retained_bytes > RESEND_WINDOW_BYTES
+        ):
+            _, oldest = self._retained.popleft()
+            self._retained_bytes -= len(oldest)
+
+    # ---------------------------------------------------------------------------- receiving
 
     async def _read(self, socket: ClientConnection) -> None:
         try:
             while True:
                 message = await socket.recv()
                 if isinstance(message, str):
-                    self._inbox.put(*received(message))
+                    self._received_count += 1
+                    self._take(*received(message))
                 # Binary messages carry nothing in ACP: ignored, as the reference does.
         except ConnectionClosed as exc:
             if not self._close_started:
-                self._fail(self._closed_by_peer(exc))
+                self._dropped(socket, exc)
+
+    def _take(self, value: FrameValue, exact: str | None) -> None:
+        if is_private_reply(value):
+            assert isinstance(value, dict)
+            waiter = self._private_replies.pop(value["id"], None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(value)
+            return
+        if replayed_update_of(value, self._loading):
+            return  # history a restart's session/load replays: the caller has seen it
+        self._ledger.received(value)
+        self._inbox.put(value, exact)
+
+    # ---------------------------------------------------------------------------- reattach
+
+    def _dropped(self, socket: ClientConnection, exc: ConnectionClosed) -> None:
+        """`socket` ended: reattach when that can lose nothing, else fail."""
+        if socket is not self._socket or self.closed:
+            return  # an old socket, or already handled
+        self._attached.clear()
+        self._socket = None
+        error = self._closed_by_peer(exc)
+        resumable = exc.rcvd is None or exc.rcvd.code in _RESUMABLE_CLOSE_CODES
+        if (
+            not resumable
+            or self._reconnect is None
+            or self._restarting
+            or not self._named
+            or not self._ledger.resume.websocket
+        ):
+            self._fail(error)
+            return
+        self._reattach_task = asyncio.create_task(self._reattach(error), name="acp-client websocket reattach")
+
+    async def _reattach(self, error: TransportError) -> None:
+        assert self._reconnect is not None
+        loop = asyncio.get_running_loop()
+        dropped_at = loop.time()
+        attempt = 0
+        try:
+            while not self.closed:
+                attempt += 1
+                elapsed = loop.time() - dropped_at
+                drop = StreamDrop(None, attempt, error, str(self._received_count), elapsed, WHAT)
+                delay = self._reconnect(drop)
+                if delay is None:
+                    self._give_up(error if attempt == 1 else ReconnectGaveUpError(WHAT, attempt - 1, elapsed, error))
+                    return
+                self._tell(ReconnectEvent("reconnecting", WHAT, error, attempt, delay), logger)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                try:
+                    if await self._reattach_once():
+                        self._tell(ReconnectEvent("resumed", WHAT), logger)
+                        return
+                    error = NetworkError("WebSocket reattach: the new socket closed during the resend")
+                except _Refused as refused:
+                    error = refused.error
+                    if error.status_code == 404 and self._restart:
+                        await self._restart_connection()
+                        return
+                    if error.status_code in (404, 409):
+                        detail = gone_detail(self.connection_id, "restart is off") if error.status_code == 404 else ""
+                        self._give_up(ResumeRefusedError(error.request, error.status_code, error.body, detail=detail))
+                        return
+                    if error.status_code not in _RETRY_STATUSES:
+                        self._give_up(error)
+                        return
+                except TransportError as exc:
+                    if isinstance(exc, ResumeFailedError | ProtocolViolationError):
+                        self._give_up(exc)
+                        return
+                    error = exc
+        finally:
+            self._reattach_task = None
+
+    async def _reattach_once(self) -> bool:
+        """One reattach: the upgrade, then the resend. False when the new socket dropped again."""
+        assert self.connection_id is not None
+        headers = {"Acp-Connection-Id": self.connection_id, LAST_EVENT_ID: str(self._received_count)}
+        socket = await self._open(headers)
+        response = socket.response
+        header = response.headers.get(RECEIVED_HEADER) if response is not None else None
+        if header is None or not header.strip().isdigit():
+            await self._refused_after_upgrade(socket)
+            raise ProtocolViolationError(f"WebSocket reattach: the 101 has no valid {RECEIVED_HEADER} ({header!r})")
+        got = int(header)
+        async with self._send_lock:
+            oldest = self._retained[0][0] if self._retained else self._sent_count + 1
+            if got > self._sent_count:
+                await socket.close()
+                raise ProtocolViolationError(
+                    f"WebSocket reattach: the server says it received {got} messages; {self._sent_count} were sent"
+                )
+            if got + 1 < oldest:
+                await socket.close()
+                raise ResumeFailedError(
+                    f"WebSocket reattach: the server received {got} of our {self._sent_count} messages, and "
+                    f"messages {got + 1}-{oldest - 1} are no longer kept to send again (the resend window is "
+                    f"{RESEND_WINDOW_MESSAGES} messages / {RESEND_WINDOW_BYTES} bytes); they were lost"
+                )
+            while self._retained and self._retained[0][0] <= got:
+                _, text = self._retained.popleft()
+                self._retained_bytes -= len(text)
+            try:
+                for _, text in self._retained:
+                    await self._unless_failed(socket.send(text), self._closing)
+            except ConnectionClosed:
+                return False
+            self._attach(socket)
+        logger.debug("WebSocket reattached: %d received, %d of ours sent again", got, self._sent_count - got)
+        return True
+
+    async def _refused_after_upgrade(self, socket: ClientConnection) -> None:
+        """A server that cannot refuse an upgrade with a status accepts it and closes with
+        4000 + the status (the text as reason): raise that as `_Refused`. Else close the socket."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                await socket.recv()
+        except ConnectionClosed as closed:
+            code = closed.rcvd.code if closed.rcvd is not None else None
+            if code is not None and REFUSAL_CLOSE_BASE + 100 <= code < REFUSAL_CLOSE_BASE + 600:
+                assert closed.rcvd is not None
+                status = code - REFUSAL_CLOSE_BASE
+                raise _Refused(self._status_error("WebSocket reattach", status, closed.rcvd.reason, None)) from closed
+        except TimeoutError:
+            pass
+        await socket.close()
+
+    def _give_up(self, error: TransportError) -> None:
+        if not self.closed:
+            self._tell(ReconnectEvent("gave-up", WHAT, error), logger)
+        self._fail(error)
+
+    # ----------------------------------------------------------------------------- restart
+
+    async def _restart_connection(self) -> None:
+        """A new connection in place of the one the server forgot: a plain upgrade, initialize
+        with the same params, `session/load` every open session."""
+        previous = self.connection_id
+        refusal = self._ledger.restart_refusal()
+        if refusal is not None:
+            detail = gone_detail(self.connection_id, refusal)
+            self._give_up(ResumeRefusedError("WebSocket reattach", 404, detail=detail))
+            return
+        self._restarting = True
+        try:
+            async with self._send_lock:
+                failed = self._ledger.take_outstanding()
+                for request_id in failed:
+                    self._inbox.put(restart_error(request_id))
+                self._received_count = self._sent_count = self._retained_bytes = 0
+                self._retained.clear()
+                try:
+                    socket = await self._open({})
+                except _Refused as refused:
+                    raise refused.error from refused
+                self._socket = socket
+                self._reader = asyncio.create_task(self._read(socket), name="acp-client websocket reader")
+                reply = await self._private_call(socket, self._ledger.initialize_request())
+                if "error" in reply:
+                    raise ResumeFailedError(f"restart: the new connection's initialize failed: {reply['error']}")
+                self._ledger.initialize_id = None
+                self._ledger.received(reply)
+                loaded: list[str] = []
+                lost: list[tuple[str, str]] = []
+                for session_id in list(self._ledger.sessions):
+                    self._loading.add(session_id)
+                    try:
+                        reply = await self._private_call(socket, self._ledger.load_request(session_id))
+                    finally:
+                        self._loading.discard(session_id)
+                    if "error" in reply:
+                        error = reply["error"]
+                        lost.append(
+                            (session_id, str(error.get("message", error) if isinstance(error, dict) else error))
+                        )
+                        del self._ledger.sessions[session_id]
+                    else:
+                        loaded.append(session_id)
+                self._attached.set()
+            self._tell(
+                ReconnectEvent(
+                    "restarted",
+                    WHAT,
+                    connection_id=self.connection_id,
+                    previous_connection_id=previous,
+                    sessions_loaded=tuple(loaded),
+                    sessions_lost=tuple(lost),
+                    requests_failed=len(failed),
+                ),
+                logger,
+            )
+        except TransportError as exc:
+            self._give_up(exc)
+        finally:
+            self._restarting = False
+
+    async def _private_call(self, socket: ClientConnection, message: dict[str, Any]) -> dict[str, Any]:
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._private_replies[message["id"]] = waiter
+        try:
+            await self._send_numbered(socket, protocol.dumps(message))
+            try:
+                async with asyncio.timeout(self._timeout):
+                    return await self._unless_failed(asyncio.shield(waiter), self._closing)
+            except TimeoutError as exc:
+                raise TransportTimeoutError(
+                    f"restart: no answer to {message['method']} within {self._timeout}s"
+                ) from exc
+        finally:
+            self._private_replies.pop(message["id"], None)
+
+    # ------------------------------------------------------------------------------ the end
 
     @staticmethod
     def _closed_by_peer(exc: ConnectionClosed) -> WebSocketClosedError:
@@ -157,16 +497,22 @@ class WebSocketTransport(TransportBase):
 
     def _fail(self, error: TransportError) -> TransportError:
         if self._record_failure(error, logger):
+            self._attached.clear()
             self._inbox.end(error)
         return error
 
     async def close(self) -> None:
-        """Send a Close frame and stop reading."""
+        """Send a Close frame (code 1000: the server ends the connection) and stop reading."""
         if self._close_started:
             await self._close_done.wait()
             return
         self._close_started = True
+        self._closing.set()
         try:
+            if self._reattach_task is not None:
+                self._reattach_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._reattach_task
             if self._socket is not None:
                 with contextlib.suppress(Exception):
                     await self._socket.close()
