@@ -30,8 +30,10 @@ DEFAULTS: Final[dict[str, Any]] = {
     # Per stream, events already sent that are kept so a reader that lost its connection can
     # resume (SSE Last-Event-ID, WebSocket reattach): at most this many, and this many bytes
     # (counted in MAX_BUFFERED_BYTES, and forgotten first when it is full).
-    "REPLAY_WINDOW_EVENTS": 4096,
-    "REPLAY_WINDOW_BYTES": 1024 * 1024,
+    # The window must cover what the network holds at a cut: socket buffers on both ends and any
+    # proxy (about 1.4 MB measured on loopback during a burst; more on long fat links).
+    "REPLAY_WINDOW_EVENTS": 16384,
+    "REPLAY_WINDOW_BYTES": 2 * 1024 * 1024,
     # A WebSocket that drops without a clean close (a close code other than 1000) leaves its
     # connection and agent alive this long, for the client to reattach a new socket and resume
     # (docs/resumable-streams.md). 0: the connection ends with its socket, whatever the close.

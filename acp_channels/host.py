@@ -157,8 +157,9 @@ class OutboundBudget:
     total, is at the limit (backpressure: nothing is dropped). Replay windows count too, but
     give way: before the router waits, the oldest delivered events are forgotten."""
 
-    def __init__(self, limit: int, worker: WorkerBudget | None = None) -> None:
+    def __init__(self, limit: int, worker: WorkerBudget | None = None, window_limit: int = 0) -> None:
         self.limit = limit
+        self.window_limit = window_limit
         self.used = 0
         self.worker = worker
         self._waiters: set[asyncio.Future[None]] = set()
@@ -166,12 +167,19 @@ class OutboundBudget:
         self.windows: weakref.WeakSet[Mailbox] = weakref.WeakSet()
 
     def reclaim(self) -> None:
-        """Forget delivered events until there is room (or none are left): this connection's
-        least recently read streams first, then, while the worker is full, any connection's."""
-        for mailbox in sorted(self.windows, key=lambda mailbox: mailbox.last_read):
-            if self.has_room():
-                return
-            mailbox.forget_window()
+        """Make room by forgetting delivered events, least recently read streams first.
+
+        The connection's windows together keep up to one window's worth (`window_limit`): the
+        stream being read keeps what a dropped reader needs, and since E031 keeps a window below
+        the budget, live output finds room as readers take it. Beyond that (several streams'
+        windows) the others give way. While the worker is full, any connection's windows give
+        way (a last resort: a reader resuming one of those gets 409)."""
+        if self.used >= self.limit:
+            held = sum(mailbox.window_bytes for mailbox in self.windows)
+            for mailbox in sorted(self.windows, key=lambda mailbox: mailbox.last_read):
+                if held <= self.window_limit or self.has_room():
+                    break
+                held -= mailbox.forget_window()
         if self.worker is not None and self.worker.full():
             for mailbox in sorted(self.worker.windows, key=lambda mailbox: mailbox.last_read):
                 if not self.worker.full():
@@ -317,7 +325,9 @@ class Mailbox:
     def resume(self, last_seq: int, shown_id: str) -> None:
         """Hand out again everything after item `last_seq`, which the reader says it got.
         Raises ReplayUnavailable when that is not in the window (or was never sent)."""
-        self.settle()
+        # The batch a vanished reader held counts as delivered, but is not trimmed away yet: it
+        # may be exactly what this reader missed (trimming waits for the next settle).
+        self._in_flight = self._in_flight_count = 0
         oldest_kept = self._head_seq - len(self._sent)
         if last_seq > self._head_seq - 1:
             raise ReplayUnavailable("foreign", shown_id)
@@ -352,8 +362,7 @@ class Mailbox:
         if self._in_flight_count:
             self._in_flight = self._in_flight_count = 0
             self._trim_window()
-            if not self._budget.has_room():  # someone waits for room: the window gives way
-                self.forget_window()
+            if not self._budget.has_room():  # the router may wait for room: windows beyond the limit give way
                 self._budget.reclaim()
 
     def _trim_window(self) -> None:
@@ -369,8 +378,14 @@ class Mailbox:
         if freed:
             self._budget.release(freed)
 
-    def forget_window(self) -> None:
-        """Drop every delivered item except the batch in flight (the budget needs the room)."""
+    @property
+    def window_bytes(self) -> int:
+        """Bytes kept only for a reader that may resume (delivered, not in flight)."""
+        return self._sent_bytes - self._in_flight
+
+    def forget_window(self) -> int:
+        """Drop every delivered item except the batch in flight (the budget needs the room);
+        returns the bytes freed."""
         freed = 0
         while len(self._sent) > self._in_flight_count:
             item = self._sent.popleft()
@@ -378,6 +393,7 @@ class Mailbox:
             freed += len(item)
         if freed:
             self._budget.release(freed)
+        return freed
 
     def release(self, token: object) -> None:
         if self._holder is not token:
@@ -566,11 +582,11 @@ class ConnectionHost:
         self.end_reason: EndReason | None = None
         self.transport = transport
         self.agent = agent
-        self._budget = OutboundBudget(max_buffered_bytes, worker_budget)
         self._window: dict[str, int] = {
             "window_events": _setting("REPLAY_WINDOW_EVENTS"),
             "window_bytes": _setting("REPLAY_WINDOW_BYTES"),
         }
+        self._budget = OutboundBudget(max_buffered_bytes, worker_budget, self._window["window_bytes"])
         self._streams: dict[StreamKey, Mailbox] = {}
         # Streams forgotten with their window: (tag, last seq), so a reader that got everything
         # resumes on the stream made again (bounded: the oldest are forgotten for good).

@@ -45,9 +45,9 @@ def expected_chunks(count: int, size: int) -> list[str]:
 
 
 #: A replay window larger than what a fast burst has in flight when a cut comes. With the
-#: defaults (4096 events, 1 MiB) a cut mid-burst often loses the stream (409: events were lost):
-#: measured with `ss`, up to ~0.7 MB wait in the server's socket send queue, ~0.25 MB in the
-#: proxy and ~0.4 MB in the client's receive queue, all of it already "sent" for the server.
+#: defaults (16384 events, 2 MiB) a cut mid-burst can lose the stream (409: events were lost):
+#: after the network breaks, the server goes on writing until it notices, and daphne drops those
+#: writes silently, so a burst can count megabytes as delivered (docs/resumable-streams.md).
 WIDE_WINDOW = {
     "ACP_REPLAY_WINDOW_EVENTS": "65536",
     "ACP_REPLAY_WINDOW_BYTES": str(8 * 1024 * 1024),

@@ -125,11 +125,11 @@ async def test_a_resuming_reader_takes_over_from_one_still_attached(
 async def test_an_id_older_than_the_window_is_refused_with_409(
     wire_server: DaphneServer | Cluster, http: httpx.AsyncClient
 ) -> None:
-    """The default window keeps 4096 events: after 5000, the first id cannot be resumed from."""
+    """The default window keeps 16384 events: after 17000, the first id cannot be resumed from."""
     url = wire_server.url
     connection_id = await initialize(http, url)
     async with open_sse(http, url, connection_id) as reader:
-        await burst(http, url, connection_id, 5000)
+        await burst(http, url, connection_id, 17000)
         await reader.next()
         first_id = reader.last_id
         while "result" not in await reader.next():
@@ -174,4 +174,4 @@ async def test_initialize_advertises_resumption(wire_server: DaphneServer | Clus
     assert response.status_code == 200
     resume = response.json()["result"]["_meta"]["acp-channels/resume"]
     assert resume["sse"] is True
-    assert (resume["windowEvents"], resume["windowBytes"]) == (4096, 1024 * 1024)
+    assert (resume["windowEvents"], resume["windowBytes"]) == (16384, 2 * 1024 * 1024)

@@ -40,8 +40,8 @@ SHORT_GRACE = 1.0
 RESUME_META = {
     "sse": True,
     "websocket": True,
-    "windowEvents": 4096,
-    "windowBytes": 1024 * 1024,
+    "windowEvents": 16384,
+    "windowBytes": 2 * 1024 * 1024,
     "websocketResumeSeconds": 60.0,
 }
 
@@ -378,11 +378,11 @@ async def test_a_reattach_to_an_unknown_connection_is_404(wire_server: DaphneSer
 
 @wire_log_clean
 async def test_a_reattach_that_cannot_resume_is_409(wire_server: DaphneServer | Cluster) -> None:
-    """The default window keeps 4096 messages: after 5001, the first ones cannot be sent again."""
+    """The default window keeps 16384 messages: after 17001, the first ones cannot be sent again."""
     url = on_worker(wire_server, 1)  # on three workers: asking another worker's host
     ws = await open_socket(on_worker(wire_server, 0))
     connection_id = connection_of(ws)
-    await send(ws, rpc(1, "test/burst", {"count": 5000}))
+    await send(ws, rpc(1, "test/burst", {"count": 17000}))
     received = len(await items_until_reply(ws, 1)) + 1
     await drop(ws)
     assert await refused_reattach(url, connection_id, "0") == (
