@@ -23,7 +23,10 @@
   Twisted and returns at once, and Twisted buffers without limit, so a client that never reads
   would grow the server without bound (our connection budgets count only what was not yet
   handed over). `send` now waits while the socket's transport is paused (more than 64 KiB
-  unsent) until it has written its buffer, or the client is gone.
+  unsent) until it has written its buffer, or the client is gone. Once the client is gone, a
+  streaming `send` (a WebSocket message, a body chunk with more to come) waits until the
+  application is cancelled instead of being dropped at once: a stream does not race through its
+  output into a dead connection, which a replay window would count as delivered.
 - Hostile requests: daphne reads a whole body (into Twisted, then into the application's
   queue) before the application can refuse it, Twisted waits 12 hours for slow headers, and it
   drops oversized headers without an answer. Daphne's HTTP factory now builds guarded channels:
@@ -143,6 +146,12 @@ def _install_denial_response(websocket_protocol: Any) -> None:
     websocket_protocol.sendHttpErrorResponse = send_http_error_response
 
 
+def _streams_on(message: dict[str, Any]) -> bool:
+    """A WebSocket message, or a response body chunk with more to come (an event stream)."""
+    kind = message.get("type")
+    return kind == "websocket.send" or (kind == "http.response.body" and bool(message.get("more_body")))
+
+
 def _install_guards() -> None:
     import daphne.server
 
@@ -156,6 +165,11 @@ def _install_guards() -> None:
     async def handle_reply(self: Any, protocol: Any, message: dict[str, Any]) -> None:
         # The application's `send`: write, then wait while the transport is over its buffer.
         connection = self.connections.get(protocol)
+        if (connection is None or "disconnected" in connection) and _streams_on(message):
+            # daphne drops it and returns at once: a stream would race through its output into
+            # a dead connection, counted as delivered (beyond a replay window). Wait until the
+            # application learns of the disconnect and cancels us (or daphne's close timeout).
+            await asyncio.get_running_loop().create_future()
         gate = None if connection is None or "disconnected" in connection else gate_before_write(protocol, message)
         await original(self, protocol, message)
         if gate is not None:

@@ -584,7 +584,9 @@ class ConnectionHost:
         self.agent = agent
         self._window: dict[str, int] = {
             "window_events": _setting("REPLAY_WINDOW_EVENTS"),
-            "window_bytes": _setting("REPLAY_WINDOW_BYTES"),
+            # At most half the budget, whatever the settings say (E031 flags a larger one): the
+            # windows a connection keeps under a full budget must leave live output room.
+            "window_bytes": min(_setting("REPLAY_WINDOW_BYTES"), max_buffered_bytes // 2),
         }
         self._budget = OutboundBudget(max_buffered_bytes, worker_budget, self._window["window_bytes"])
         self._streams: dict[StreamKey, Mailbox] = {}
