@@ -11,7 +11,7 @@ Three variants of one server (bench/servers.py), all started at once, each pinne
 core, the load generator on the other core (as bench.run pins them):
 
 - `ours-daphne`: as shipped, an `id:` line on every SSE event and a replay window per stream
-  (REPLAY_WINDOW_EVENTS 4096, REPLAY_WINDOW_BYTES 1 MiB);
+  (the REPLAY_WINDOW_EVENTS and REPLAY_WINDOW_BYTES defaults of acp_channels.conf);
 - `ours-daphne-nowindow`: ids, window settings 0;
 - `ours-daphne-noids`: no id lines and no window (bench/asgi_no_ids.py), the baseline.
 
@@ -63,6 +63,12 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from acp_channels.conf import DEFAULTS
+
+#: The shipped window: what `ours-daphne` runs with.
+WINDOW_EVENTS: int = DEFAULTS["REPLAY_WINDOW_EVENTS"]
+WINDOW_BYTES: int = DEFAULTS["REPLAY_WINDOW_BYTES"]
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -167,7 +173,7 @@ def micro(events: int, batch: int) -> dict[str, Any]:
         "encode_with_id_ns": lambda: encode(event_id),
         "encode_without_id_ns": lambda: encode(no_id),
         "event_id_only_ns": lambda: _time_calls(event_id, events),
-        "mailbox_window_ns": lambda: asyncio.run(cycle(4096, 1024 * 1024)),
+        "mailbox_window_ns": lambda: asyncio.run(cycle(WINDOW_EVENTS, WINDOW_BYTES)),
         "mailbox_no_window_ns": lambda: asyncio.run(cycle(0, 0)),
     }
     runs: dict[str, list[float]] = {name: [] for name in measures}
@@ -571,7 +577,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_memory:
         results["memory"] = {"clients": sizes["mem_clients"], "events": sizes["mem_events"],
                              "chunk": sizes["mem_chunk"], "rounds": sizes["mem_rounds"],
-                             "window_bytes": 1024 * 1024, "window_events": 4096, "variants": {}}  # fmt: skip
+                             "window_bytes": WINDOW_BYTES, "window_events": WINDOW_EVENTS, "variants": {}}  # fmt: skip
         for key in keys[:2]:
             log(f"memory: {key}")
             try:
@@ -822,7 +828,7 @@ def render(results: dict[str, Any]) -> list[str]:
             row("the same, `event_id` returning None (`ours-*-noids`)", "encode_without_id_ns"),
             difference("the id: difference", "encode_with_id_ns", "encode_without_id_ns"),
             row("of which `event_id(tag, seq)` alone", "event_id_only_ns"),
-            row("mailbox push + take + settle, window 4096 events / 1 MiB", "mailbox_window_ns"),
+            row("mailbox push + take + settle, with the default window", "mailbox_window_ns"),
             row("the same, window 0", "mailbox_no_window_ns"),
             difference("the window: difference", "mailbox_window_ns", "mailbox_no_window_ns"),
         ]
