@@ -338,3 +338,16 @@ def _messages_of(value: FrameValue) -> list[dict[str, Any]]:
     if isinstance(value, dict):
         return [value]
     return [entry for entry in value if isinstance(entry, dict)]
+
+
+def intercepted(value: FrameValue, private_replies: dict[str, Any], loading: set[str] | frozenset[str]) -> bool:
+    """Whether a received frame is for the transport, not its caller: a reply to a request a
+    restart sent itself (its waiter gets it), or history a restart's session/load replays (the
+    caller has seen it)."""
+    if is_private_reply(value):
+        assert isinstance(value, dict)
+        waiter = private_replies.pop(value["id"], None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(value)
+        return True
+    return replayed_update_of(value, loading)

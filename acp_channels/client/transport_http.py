@@ -66,8 +66,7 @@ from .reconnect import (
     StreamDrop,
     event_position,
     gone_detail,
-    is_private_reply,
-    replayed_update_of,
+    intercepted,
     restart_error,
 )
 from .sse import SseParser, SseTooLarge
@@ -501,14 +500,8 @@ class HttpTransport(TransportBase):
 
     def _deliver(self, text: str, session_id: str | None) -> None:
         value, exact = received(text)
-        if is_private_reply(value):
-            assert isinstance(value, dict)
-            waiter = self._private_replies.pop(value["id"], None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(value)
+        if intercepted(value, self._private_replies, self._loading):
             return
-        if replayed_update_of(value, self._loading):
-            return  # history a restart's session/load replays: the caller has seen it
         self._ledger.received(value)
         for message in _messages(protocol.frame_from_value(value)):
             request_id = message.get("id")

@@ -56,8 +56,7 @@ from .reconnect import (
     SessionLedger,
     StreamDrop,
     gone_detail,
-    is_private_reply,
-    replayed_update_of,
+    intercepted,
     restart_error,
 )
 
@@ -269,14 +268,8 @@ class WebSocketTransport(TransportBase):
                 self._dropped(socket, exc)
 
     def _take(self, value: FrameValue, exact: str | None) -> None:
-        if is_private_reply(value):
-            assert isinstance(value, dict)
-            waiter = self._private_replies.pop(value["id"], None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(value)
+        if intercepted(value, self._private_replies, self._loading):
             return
-        if replayed_update_of(value, self._loading):
-            return  # history a restart's session/load replays: the caller has seen it
         self._ledger.received(value)
         self._inbox.put(value, exact)
 
