@@ -237,33 +237,31 @@ class RemoteHandle:
         if result.get("error") == "closed":
             raise AgentClosed("connection ended")
 
-    async def lease(self, key: StreamKey, resume: str | None = None) -> StreamReader:
+    async def _lease(self, **target: Any) -> tuple[str, dict[str, Any]]:
+        """Take a lease on the host's worker; its refusals raised as a local host raises them.
+        Returns the lease id and the result."""
         lease_id = f"{WORKER_ID}-{next(_lease_ids)}"
         # Receipt proves the host is alive; the answer may wait for a probe of a stale reader.
-        result = await self._call(
-            "lease", 2 * worker_timeout(), receipt=True, stream=key, lease=lease_id, reader=WORKER_ID, resume=resume
-        )
-        if result.get("error") == "busy":
+        timeout = 2 * worker_timeout()
+        result = await self._call("lease", timeout, receipt=True, lease=lease_id, reader=WORKER_ID, **target)
+        error = result.get("error")
+        if error == "busy":
             raise StreamBusy
-        if result.get("error") == "streams":
+        if error == "streams":
             raise TooManyStreams(int(result["limit"]))
-        if result.get("error") == "replay":
+        if error == "replay":
             raise ReplayUnavailable(result["reason"], result["event"])
+        if error == "closed":
+            raise AgentClosed("connection ended")
         _active_readers.add(lease_id)
+        return lease_id, result
+
+    async def lease(self, key: StreamKey, resume: str | None = None) -> StreamReader:
+        lease_id, result = await self._lease(stream=key, resume=resume)
         return RemoteStream(self.worker_id, lease_id, result["tag"])
 
     async def attach_socket(self, last_seq: int) -> SocketAttachment:
-        lease_id = f"{WORKER_ID}-{next(_lease_ids)}"
-        result = await self._call(
-            "lease", 2 * worker_timeout(), receipt=True, socket=True, lease=lease_id, reader=WORKER_ID, resume=last_seq
-        )
-        if result.get("error") == "busy":
-            raise StreamBusy
-        if result.get("error") == "replay":
-            raise ReplayUnavailable(result["reason"], result["event"])
-        if result.get("error") == "closed":
-            raise AgentClosed("connection ended")
-        _active_readers.add(lease_id)
+        lease_id, result = await self._lease(socket=True, resume=last_seq)
         return RemoteSocket(self, lease_id, int(result["received"]))
 
     async def terminate(self) -> None:

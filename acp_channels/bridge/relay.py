@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from acp_channels import protocol
 from acp_channels.client import ClientUsageError, HttpClient, ReconnectEvent, TransportError
-from acp_channels.client._base import FrameValue
+from acp_channels.client._base import FrameValue, response_only
 from acp_channels.protocol import Malformed
 
 from .stdio import LineSink, LineSource, LineTooLong
@@ -251,7 +251,7 @@ class Bridge:
         request_ids = _requests(frame)
         for request_id in request_ids:
             self._pending.add(request_id)
-        response_lane = len(self._lanes) > 1 and not request_ids and _only_responses(value)
+        response_lane = len(self._lanes) > 1 and not request_ids and response_only(value)
         await self._room.wait()
         self._queued_bytes += len(text)
         if self._queued_bytes > _QUEUED_BYTES_LIMIT:
@@ -323,12 +323,6 @@ class Bridge:
 def log_reconnect(event: ReconnectEvent) -> None:
     """The `on_reconnect` of the bridge's client: every drop, retry and outcome on stderr."""
     logger.log(logging.WARNING if event.kind in ("restarted", "gave-up") else logging.INFO, "%s", event)
-
-
-def _only_responses(value: FrameValue) -> bool:
-    if isinstance(value, dict):
-        return protocol.is_response_shaped(value)
-    return all(protocol.is_response_shaped(entry) for entry in value)
 
 
 def _bridge_error(request_id: Any, message: str, why: str) -> protocol.Message:

@@ -19,7 +19,7 @@ from .errors import ClientUsageError, HttpStatusError, TransportClosedError, Tra
 if TYPE_CHECKING:
     from .reconnect import ReconnectCallback, ReconnectEvent
 
-__all__ = ["FrameValue", "Inbox", "RawFrame", "TransportBase", "frame_value_for_send", "received", "received_value"]
+__all__ = ["FrameValue", "Inbox", "RawFrame", "TransportBase", "frame_value_for_send", "received", "received_value", "response_only"]
 
 #: A JSON-RPC frame as Python values: one message (a dict) or a batch (a list).
 FrameValue: TypeAlias = dict[str, Any] | list[Any]
@@ -64,6 +64,14 @@ class RawFrame:
 
     value: FrameValue
     text: str
+
+
+def response_only(value: FrameValue) -> bool:
+    """A single response-shaped object, or a batch of nothing else (rust-reference §4.1): what
+    goes on the response lane, which may pass calls still being sent."""
+    if isinstance(value, dict):
+        return protocol.is_response_shaped(value)
+    return all(protocol.is_response_shaped(entry) for entry in value)
 
 
 def frame_value_for_send(frame: Any) -> FrameValue:

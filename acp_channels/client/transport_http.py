@@ -45,7 +45,7 @@ import httpx
 from acp_channels import protocol
 from acp_channels.protocol import CONNECTION_HEADER, Batch, Frame, Malformed, Single
 
-from ._base import FrameValue, TransportBase, frame_value_for_send, received
+from ._base import FrameValue, TransportBase, frame_value_for_send, received, response_only
 from .errors import (
     ClientUsageError,
     HttpStatusError,
@@ -111,13 +111,6 @@ def _is_2xx(response: httpx.Response) -> bool:
 
 def _same_id(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
-
-
-def _response_only(value: FrameValue) -> bool:
-    """A single response-shaped object, or a batch of nothing else (rust-reference §4.1)."""
-    if isinstance(value, dict):
-        return protocol.is_response_shaped(value)
-    return all(protocol.is_response_shaped(entry) for entry in value)
 
 
 def _messages(frame: Frame) -> list[protocol.Message]:
@@ -203,7 +196,7 @@ class HttpTransport(TransportBase):
         value = frame_value_for_send(frame)
         self._raise_if_unusable()
         parsed = protocol.frame_from_value(value)
-        if _response_only(value):
+        if response_only(value):
             if not self._initialized:
                 raise ClientUsageError("ACP HTTP transport: first message must be `initialize`")
             await self._send_response(value, raw)
