@@ -19,7 +19,16 @@ from .errors import ClientUsageError, HttpStatusError, TransportClosedError, Tra
 if TYPE_CHECKING:
     from .reconnect import ReconnectCallback, ReconnectEvent
 
-__all__ = ["FrameValue", "Inbox", "RawFrame", "TransportBase", "frame_value_for_send", "received", "received_value", "response_only"]
+__all__ = [
+    "FrameValue",
+    "Inbox",
+    "RawFrame",
+    "TransportBase",
+    "frame_value_for_send",
+    "received",
+    "received_value",
+    "response_only",
+]
 
 #: A JSON-RPC frame as Python values: one message (a dict) or a batch (a list).
 FrameValue: TypeAlias = dict[str, Any] | list[Any]
