@@ -11,7 +11,8 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
-from acp_channels.agents import factory_problem, stdio
+from acp_channels.agents import stdio
+from acp_channels.agents.factory import factory_problem
 from acp_channels.conf import DEFAULTS, acp_settings
 from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS
 

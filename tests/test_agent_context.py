@@ -46,6 +46,7 @@ from acp_channels.agents.stdio import (
 )
 from acp_channels.host import ConnectionHost, registry
 from acp_channels.identity import ANONYMOUS, AgentContext, Principal
+from acp_channels.worker import new_connection_id
 from tests.agent_processes import running_agents, supported
 from tests.live import JSON, DaphneServer, open_sse, post, rpc
 from tests.wire_agent import WireAgent
@@ -154,14 +155,14 @@ def test_a_factory_is_called_once_and_its_signature_read_once(monkeypatch: pytes
         return "agent"
 
     reads = 0
-    real_signature = agents.inspect.signature
+    real_signature = agents.factory.inspect.signature
 
     def counting_signature(target: Any) -> Any:
         nonlocal reads
         reads += 1
         return real_signature(target)
 
-    monkeypatch.setattr(agents.inspect, "signature", counting_signature)
+    monkeypatch.setattr(agents.factory.inspect, "signature", counting_signature)
     first, second = AgentContext(ADA, "c1", "http"), AgentContext(BOB, "c2", "websocket")
     call_agent_factory(factory, first)
     call_agent_factory(factory, second)
@@ -197,7 +198,9 @@ async def hosts() -> AsyncIterator[list[ConnectionHost]]:
 
 async def test_a_zero_argument_factory_still_works(settings: Any, hosts: list[ConnectionHost]) -> None:
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": "tests.context_agent.zero"}
-    host = registry.create(create_agent_channel, "http", max_buffered_bytes=BUDGET, principal=ADA)
+    host = registry.create(
+        create_agent_channel, "http", connection_id=new_connection_id(), max_buffered_bytes=BUDGET, principal=ADA
+    )
     hosts.append(host)
     assert type(host.agent) is WireAgent
 
@@ -206,10 +209,17 @@ async def test_the_factory_gets_the_connections_context(settings: Any, hosts: li
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": "tests.context_agent.create"}
     tests.context_agent.seen.clear()
     ada = registry.create(
-        create_agent_channel, "http", max_buffered_bytes=BUDGET, principal=ADA, remote_address="203.0.113.9"
+        create_agent_channel,
+        "http",
+        connection_id=new_connection_id(),
+        max_buffered_bytes=BUDGET,
+        principal=ADA,
+        remote_address="203.0.113.9",
     )
     hosts.append(ada)
-    bob = registry.create(create_agent_channel, "websocket", max_buffered_bytes=BUDGET, principal=BOB)
+    bob = registry.create(
+        create_agent_channel, "websocket", connection_id=new_connection_id(), max_buffered_bytes=BUDGET, principal=BOB
+    )
     hosts.append(bob)
     assert tests.context_agent.seen == [
         AgentContext(ADA, ada.connection_id, "http", "203.0.113.9"),
@@ -222,7 +232,9 @@ async def test_a_bad_factory_creates_no_connection(settings: Any) -> None:
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": "tests.test_agent_context.two_required"}
     before = len(registry)
     with pytest.raises(FactorySignatureError):
-        registry.create(create_agent_channel, "http", max_buffered_bytes=BUDGET, principal=ADA)
+        registry.create(
+            create_agent_channel, "http", connection_id=new_connection_id(), max_buffered_bytes=BUDGET, principal=ADA
+        )
     assert len(registry) == before
 
 
@@ -252,7 +264,12 @@ async def _say_whoami(channel: Any) -> list[str]:
 async def test_an_sdk_agent_learns_whom_it_serves(settings: Any, hosts: list[ConnectionHost]) -> None:
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": "demo_project.agent.create_agent"}
     host = registry.create(
-        create_agent_channel, "websocket", max_buffered_bytes=BUDGET, principal=ADA, remote_address="198.51.100.4"
+        create_agent_channel,
+        "websocket",
+        connection_id=new_connection_id(),
+        max_buffered_bytes=BUDGET,
+        principal=ADA,
+        remote_address="198.51.100.4",
     )
     hosts.append(host)
     channel = host.agent
@@ -305,7 +322,13 @@ async def test_configure_gives_each_principal_its_own_workspace(
     }
     seen = {}
     for principal in (ADA, BOB):
-        host = registry.create(create_agent_channel, "http", max_buffered_bytes=BUDGET, principal=principal)
+        host = registry.create(
+            create_agent_channel,
+            "http",
+            connection_id=new_connection_id(),
+            max_buffered_bytes=BUDGET,
+            principal=principal,
+        )
         hosts.append(host)
         assert isinstance(host.agent, StdioAgentChannel)
         seen[principal.id] = (host.connection_id, await _agent_env(host.agent))
@@ -324,7 +347,9 @@ async def test_without_configure_the_agent_still_learns_its_principal(
     settings: Any, hosts: list[ConnectionHost]
 ) -> None:
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": {"command": COMMAND}, "AGENT_SHUTDOWN_GRACE": 0.3}
-    host = registry.create(create_agent_channel, "http", max_buffered_bytes=BUDGET, principal=ADA)
+    host = registry.create(
+        create_agent_channel, "http", connection_id=new_connection_id(), max_buffered_bytes=BUDGET, principal=ADA
+    )
     hosts.append(host)
     env = (await _agent_env(host.agent))["env"]
     assert (env[PRINCIPAL_KIND_ENV], env[PRINCIPAL_ID_ENV], env[CONNECTION_ENV]) == ("user", "42", host.connection_id)
@@ -345,7 +370,9 @@ async def test_a_failing_configure_refuses_the_connection_and_starts_nothing(
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": {"command": COMMAND, "configure": configure}}
     before = (len(registry), dict(stdio_module._running), running_agents())
     with pytest.raises(AgentConfigurationError) as refused:
-        host = registry.create(create_agent_channel, "http", max_buffered_bytes=BUDGET, principal=ADA)
+        host = registry.create(
+            create_agent_channel, "http", connection_id=new_connection_id(), max_buffered_bytes=BUDGET, principal=ADA
+        )
         hosts.append(host)  # not refused: stopped after the test like any other
     assert message in str(refused.value)
     assert f"({ADA})" in str(refused.value)  # whose connection it was, for the log

@@ -28,7 +28,7 @@ from acp.agent.connection import AgentSideConnection
 from acp.exceptions import RequestError
 
 from acp_channels import protocol
-from acp_channels.agents import AgentClosed
+from acp_channels.agents.channel import AgentClosed
 from acp_channels.protocol import Batch, Frame, Malformed, MalformedEntry, Message, Single
 
 logger = logging.getLogger(__name__)

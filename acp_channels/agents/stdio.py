@@ -44,7 +44,7 @@ from subprocess import PIPE, SubprocessError
 from typing import Any, Final
 
 from acp_channels import protocol
-from acp_channels.agents import AgentClosed
+from acp_channels.agents.channel import AgentClosed
 from acp_channels.identity import AgentContext
 from acp_channels.protocol import Frame, Malformed, Single
 

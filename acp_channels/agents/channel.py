@@ -1,0 +1,31 @@
+"""The interface every agent adapter implements: frames in, frames out, close.
+
+The host does not know what kind of agent it talks to; an adapter (`agents.sdk`, `agents.stdio`,
+a scripted agent in tests) turns one ACP connection's frames into whatever its agent speaks.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from acp_channels.protocol import Frame
+
+
+class AgentChannel(Protocol):
+    """One agent instance, serving exactly one ACP connection."""
+
+    async def send(self, frame: Frame) -> None:
+        """Deliver a client frame. Returns once the frame is queued; may wait (backpressure).
+
+        Raises AgentClosed when the agent no longer takes input.
+        """
+
+    async def receive(self) -> Frame | None:
+        """The agent's next frame, in emission order; None once the agent has ended."""
+
+    async def close(self) -> None:
+        """Stop the agent now (abortive); receive() then ends with None."""
+
+
+class AgentClosed(ConnectionError):
+    """The agent no longer accepts input."""
