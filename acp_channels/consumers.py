@@ -21,14 +21,26 @@ from autobahn.exception import PayloadExceededError
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from acp_channels import cors, daphne_compat, protocol
-from acp_channels.agents import AgentClosed, create_agent_channel
 from acp_channels.auth import SUBPROTOCOL, Refused, RequestContext, authenticate
 from acp_channels.conf import acp_settings
-from acp_channels.gateway import LocalSocket, SocketAttachment, SocketEnd, locate
-from acp_channels.host import QuotaExceeded, ReplayUnavailable, ServerFull, StreamBusy, registry
+from acp_channels.gateway import (
+    AgentBusy,
+    AgentClosed,
+    AgentNotStarted,
+    HostUnreachable,
+    LayerUnavailable,
+    QuotaExceeded,
+    ReplayUnavailable,
+    ServerFull,
+    ShuttingDown,
+    SocketAttachment,
+    SocketEnd,
+    StreamBusy,
+    locate,
+    open_connection,
+)
 from acp_channels.identity import Principal
 from acp_channels.lifecycle import lifecycle
-from acp_channels.worker import AgentBusy, HostUnreachable, LayerUnavailable
 
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server, or the principal, is at its connection limit
 INTERNAL_ERROR = 1011  # WebSocket close code: the agent could not be started, or sending failed
@@ -104,11 +116,9 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return
         context = RequestContext.for_websocket(self.scope)
         reattach = reattach_request(context)
-        if lifecycle.draining:
-            if reattach is None:
-                await self.close()  # 403
-            else:  # the connection lives on another worker, or ends with this one: try again
-                await self.refuse(503, SHUTTING_DOWN)
+        if lifecycle.draining and reattach is not None:
+            # The connection lives on another worker, or ends with this one: try again.
+            await self.refuse(503, SHUTTING_DOWN)
             return
         try:
             # Once, at the upgrade: every frame on the socket is this principal's.
@@ -124,24 +134,19 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.reattach(reattach, principal, subprotocol)
             return
         try:
-            host = registry.create(
-                create_agent_channel,
-                "websocket",
-                max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES,
-                principal=principal,
-                remote_address=context.remote_address,
-            )
+            connection = open_connection("websocket", principal, context.remote_address)
+        except ShuttingDown:
+            await self.close()  # before accept: 403
+            return
         except (ServerFull, QuotaExceeded):  # MAX_CONNECTIONS, the output budget, the principal's quota
             await self.accept(subprotocol)
             await self.close(code=TRY_AGAIN_LATER)
             return
-        except Exception:
-            logger.exception("the agent could not be started")
+        except AgentNotStarted:
             await self.accept(subprotocol)
             await self.close(code=INTERNAL_ERROR)
             return
-        host.start()
-        await self.attach(LocalSocket.first(host), host.connection_id, subprotocol, [])
+        await self.attach(connection.attach_first_socket(), connection.connection_id, subprotocol, [])
 
     async def reattach(self, request: Reattach, principal: Principal, subprotocol: str | None) -> None:
         """A new socket for a connection whose socket dropped (or is about to be replaced):

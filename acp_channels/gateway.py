@@ -27,43 +27,60 @@ take -> items + first + seq | end (+ reason: taken, when another reader took the
 lost, for a lease the host no longer knows);
 release (no reply; `close`: an end reason for the connection if the lease still holds its socket);
 terminate -> ok | error unknown; probe -> alive.
+
+`open_connection` is how both edges open a connection on this worker: admission (a draining
+worker, MAX_CONNECTIONS, the worker's output budget, the principal's quota), the connection id,
+the agent from the `AGENT` setting, the connection's limits; its refusals are typed, and each edge
+answers them in its own way. The edges import from here and from `protocol` only: the errors they
+answer are re-exported below.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from typing import Any, Literal, Protocol
 
 from acp_channels import protocol
-from acp_channels.agents import AgentClosed
+from acp_channels.agents.channel import AgentClosed
+from acp_channels.agents.factory import create_agent_channel
+from acp_channels.conf import acp_settings
 from acp_channels.host import (
+    AgentEnded,
     ConnectionHost,
     Delivery,
     EndReason,
+    InitializeReply,
     Mailbox,
+    QuotaExceeded,
     ReplayUnavailable,
+    ServerFull,
     StreamBusy,
     StreamLease,
     TooManyRequests,
     TooManyStreams,
     registry,
 )
-from acp_channels.identity import Principal
+from acp_channels.identity import Principal, TransportKind
 from acp_channels.lifecycle import lifecycle
-from acp_channels.protocol import InboundPlan, SessionHeaderError, StreamKey
+from acp_channels.protocol import Frame, InboundPlan, SessionHeaderError, StreamKey
 from acp_channels.worker import (
     MAX_TAKE_BYTES,
     TAKE_WAIT,
     WORKER_ID,
     AgentBusy,
     HostUnreachable,
+    LayerUnavailable,
     bus,
     inbox_channel,
     lease_idle_limit,
+    new_connection_id,
     worker_of,
     worker_timeout,
 )
+
+logger = logging.getLogger(__name__)
 
 #: How long a submit may wait for the agent to take the frame (its backpressure), after receipt.
 SUBMIT_TIMEOUT = 300.0
@@ -135,6 +152,67 @@ def owned_host(connection_id: str, principal: Principal) -> ConnectionHost | Non
     same answer as for an id that does not exist (a stolen id tells nothing)."""
     host = registry.get(connection_id)
     return host if host is not None and host.principal == principal else None
+
+
+class ShuttingDown(Exception):
+    """This worker is draining: it opens no new connection (503; a new socket is refused)."""
+
+
+class AgentNotStarted(Exception):
+    """The agent factory failed for a new connection (500; a socket closes with 1011). Logged,
+    with its cause, where it happened."""
+
+
+def open_connection(transport: TransportKind, principal: Principal, remote_address: str | None) -> NewConnection:
+    """Admit and open a connection hosted by this worker, owned by `principal`, with a new agent
+    from the `AGENT` setting and the connection's limits from the settings.
+
+    Raises ShuttingDown (this worker drains), QuotaExceeded (the principal holds
+    MAX_CONNECTIONS_PER_PRINCIPAL here), ServerFull (MAX_CONNECTIONS, or the worker's output
+    budget; its `reason` says which) or AgentNotStarted (the agent factory failed).
+    """
+    if lifecycle.draining:
+        raise ShuttingDown
+    connection_id = new_connection_id()
+    try:
+        host = registry.create(
+            create_agent_channel,
+            transport,
+            connection_id=connection_id,
+            max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES,
+            principal=principal,
+            remote_address=remote_address,
+        )
+    except (QuotaExceeded, ServerFull):
+        raise
+    except Exception as error:
+        logger.exception("the agent could not be started")
+        raise AgentNotStarted(connection_id) from error
+    bus.ensure_listening()  # the id names this worker: the others must be able to reach it
+    return NewConnection(host)
+
+
+class NewConnection:
+    """A connection `open_connection` just made, as the edge that opened it uses it: an HTTP
+    connection is accepted once its agent answers `initialize`, a WebSocket one at once."""
+
+    def __init__(self, host: ConnectionHost) -> None:
+        self.host = host
+        self.connection_id = host.connection_id
+
+    async def initialize(self, frame: Frame, init_id: object) -> InitializeReply:
+        """Forward the initial frame and wait for the agent's reply to `init_id` (raises
+        AgentClosed, AgentEnded)."""
+        return await self.host.initialize(frame, init_id)
+
+    async def abandon(self) -> None:
+        """The connection was never accepted (initialize failed, or the client left): end it."""
+        await self.host.terminate("initialize failed")
+
+    def attach_first_socket(self) -> SocketAttachment:
+        """Start relaying the agent's output to the WebSocket that opened the connection."""
+        self.host.start()
+        return LocalSocket.first(self.host)
 
 
 class LocalHandle:
@@ -570,4 +648,27 @@ bus.handle("release", serve_release)
 bus.handle("terminate", serve_terminate)
 bus.handle("probe", serve_probe)
 
-__all__ = ["HostHandle", "StreamBusy", "StreamLease", "StreamReader", "locate"]
+#: What the edges use: finding and opening connections, and the errors they answer.
+__all__ = [
+    "AgentBusy",
+    "AgentClosed",
+    "AgentEnded",
+    "AgentNotStarted",
+    "HostHandle",
+    "HostUnreachable",
+    "LayerUnavailable",
+    "NewConnection",
+    "QuotaExceeded",
+    "ReplayUnavailable",
+    "ServerFull",
+    "ShuttingDown",
+    "SocketAttachment",
+    "SocketEnd",
+    "StreamBusy",
+    "StreamLease",
+    "StreamReader",
+    "TooManyRequests",
+    "TooManyStreams",
+    "locate",
+    "open_connection",
+]

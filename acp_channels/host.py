@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from acp_channels import protocol
-from acp_channels.agents import AgentChannel, AgentClosed
+from acp_channels.agents.channel import AgentChannel, AgentClosed
 from acp_channels.identity import ANONYMOUS, AgentContext, Principal, TransportKind
-from acp_channels.protocol import Batch, Frame, InboundPlan, Single, StreamKey
-from acp_channels.worker import bus, new_connection_id
+from acp_channels.protocol import Batch, Frame, InboundPlan, Single, StreamKey, parse_event_id
 
 logger = logging.getLogger(__name__)
 #: One line when a connection opens and one when it ends (who, which, over what, from where,
@@ -67,19 +66,6 @@ class ReplayUnavailable(Exception):
         else:
             text = f"Last-Event-ID {event_id} does not belong to this stream"
         super().__init__(text)
-
-
-def event_id(tag: str, seq: int) -> str:
-    """The SSE id of a stream's `seq`-th event (opaque to clients)."""
-    return f"{tag}-{seq}"
-
-
-def parse_event_id(value: str) -> tuple[str, int] | None:
-    """(tag, seq) of an id made by `event_id`; None for anything else."""
-    tag, dash, seq = value.strip().rpartition("-")
-    if not dash or not tag or not seq.isdigit() or len(seq) > 18:
-        return None
-    return tag, int(seq)
 
 
 class AgentEnded(Exception):
@@ -1057,12 +1043,14 @@ class Registry:
         agent_factory: Callable[[AgentContext], AgentChannel],
         transport: TransportKind,
         *,
+        connection_id: str,
         max_buffered_bytes: int,
         principal: Principal = ANONYMOUS,
         remote_address: str | None = None,
     ) -> ConnectionHost:
-        """A new connection owned by `principal`, with a new agent (the factory gets the
-        connection's AgentContext: whom it serves, the connection id, transport, address).
+        """A new connection `connection_id` owned by `principal`, with a new agent (the factory
+        gets the connection's AgentContext: whom it serves, the connection id, transport,
+        address). The caller issues the id and makes this worker reachable (gateway).
 
         QuotaExceeded when the principal holds MAX_CONNECTIONS_PER_PRINCIPAL here already;
         ServerFull when this worker hosts MAX_CONNECTIONS, or holds its whole output budget.
@@ -1079,8 +1067,6 @@ class Registry:
             raise ServerFull("connections")
         if self.budget.full():
             raise ServerFull("budget")
-        connection_id = new_connection_id()
-        bus.ensure_listening()  # other workers must be able to reach this host
         context = AgentContext(principal, connection_id, transport, remote_address)
         host = ConnectionHost(
             connection_id,

@@ -661,6 +661,19 @@ SSE_OPENING: Final = b": \n\n"
 SSE_KEEPALIVE: Final = b": \n\n"
 
 
+def event_id(tag: str, seq: int) -> str:
+    """The SSE id of a stream's `seq`-th event (opaque to clients)."""
+    return f"{tag}-{seq}"
+
+
+def parse_event_id(value: str) -> tuple[str, int] | None:
+    """(tag, seq) of an id made by `event_id`; None for anything else."""
+    tag, dash, seq = value.strip().rpartition("-")
+    if not dash or not tag or not seq.isdigit() or len(seq) > 18:
+        return None
+    return tag, int(seq)
+
+
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 
 

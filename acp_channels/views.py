@@ -15,25 +15,36 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from acp_channels import cors, protocol
-from acp_channels.agents import AgentClosed, create_agent_channel
 from acp_channels.auth import Refused, RequestContext, authenticate
 from acp_channels.conf import acp_settings
-from acp_channels.gateway import StreamReader, locate
-from acp_channels.host import (
+from acp_channels.gateway import (
+    AgentBusy,
+    AgentClosed,
     AgentEnded,
+    AgentNotStarted,
+    HostUnreachable,
+    LayerUnavailable,
     QuotaExceeded,
     ReplayUnavailable,
     ServerFull,
+    ShuttingDown,
     StreamBusy,
+    StreamReader,
     TooManyRequests,
     TooManyStreams,
-    event_id,
-    registry,
+    locate,
+    open_connection,
 )
 from acp_channels.identity import Principal
 from acp_channels.lifecycle import lifecycle
-from acp_channels.protocol import CONNECTION_HEADER, LAST_EVENT_ID_HEADER, SESSION_HEADER, Frame, SessionHeaderError
-from acp_channels.worker import AgentBusy, HostUnreachable, LayerUnavailable
+from acp_channels.protocol import (
+    CONNECTION_HEADER,
+    LAST_EVENT_ID_HEADER,
+    SESSION_HEADER,
+    Frame,
+    SessionHeaderError,
+    event_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -222,46 +233,39 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int, princi
         frame = plan.frame
     init_id = protocol.frame_messages(frame)[_message_index(frame, init_index)]["id"]
 
-    if lifecycle.draining:
-        return text_response(503, SHUTTING_DOWN)
     try:
-        host = registry.create(
-            create_agent_channel,
-            "http",
-            max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES,
-            principal=principal,
-            remote_address=RequestContext.for_http(request).remote_address,
-        )
+        connection = open_connection("http", principal, RequestContext.for_http(request).remote_address)
+    except ShuttingDown:
+        return text_response(503, SHUTTING_DOWN)
     except QuotaExceeded as error:
         return retry_later(429, TOO_MANY_CONNECTIONS_FOR_PRINCIPAL.format(limit=error.limit), RETRY_AFTER_CONNECTIONS)
     except ServerFull as error:
         if error.reason == "connections":
             return retry_later(503, TOO_MANY_CONNECTIONS, RETRY_AFTER_CONNECTIONS)
         return retry_later(503, WORKER_BUDGET_FULL, RETRY_AFTER_BUDGET)
-    except Exception:
-        logger.exception("the agent could not be started")
+    except AgentNotStarted:
         return text_response(500, AGENT_NOT_STARTED)
     timeout: float | None = acp_settings.INITIALIZE_TIMEOUT
     try:
         async with asyncio.timeout(timeout):
-            reply = await host.initialize(frame, init_id)
+            reply = await connection.initialize(frame, init_id)
     except AgentClosed:
-        await host.terminate("initialize failed")
+        await connection.abandon()
         return text_response(500)
     except AgentEnded as error:
-        await host.terminate("initialize failed")
+        await connection.abandon()
         return text_response(500, str(error))
     except TimeoutError:
-        await host.terminate("initialize failed")
+        await connection.abandon()
         return text_response(504, f"agent did not answer initialize within {timeout:g} s")
     except BaseException:
         # The client went away (the view is cancelled) or the agent failed: nothing may remain.
-        await asyncio.shield(host.terminate("initialize failed"))
+        await asyncio.shield(connection.abandon())
         raise
     if not reply.accepted:
-        await host.terminate("initialize failed")
+        await connection.abandon()
         return json_response(reply.body)
-    return json_response(reply.body, host.connection_id)
+    return json_response(reply.body, connection.connection_id)
 
 
 def _message_index(frame: Frame, entry_index: int) -> int:

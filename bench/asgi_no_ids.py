@@ -21,7 +21,7 @@ from demo_project.asgi import application
 
 
 def no_event_id(tag: str, seq: int) -> None:
-    """In place of `host.event_id`: no id, so no `id:` line."""
+    """In place of `protocol.event_id`: no id, so no `id:` line."""
     return None
 
 

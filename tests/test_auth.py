@@ -19,6 +19,7 @@ from acp_channels.auth import Refused, RequestContext, authenticate
 from acp_channels.host import QuotaExceeded, registry
 from acp_channels.identity import ANONYMOUS, Principal
 from acp_channels.routing import build_asgi_application
+from acp_channels.worker import new_connection_id
 from tests import auth_fixtures as tokens
 from tests.auth_fixtures import FakeUser
 
@@ -231,7 +232,9 @@ def wire_agent(settings: Any) -> None:
 async def test_locate_finds_a_connection_for_its_owner_only(wire_agent: None) -> None:
     from acp_channels.agents import create_agent_channel
 
-    host = registry.create(create_agent_channel, "http", max_buffered_bytes=1 << 20, principal=ALICE)
+    host = registry.create(
+        create_agent_channel, "http", connection_id=new_connection_id(), max_buffered_bytes=1 << 20, principal=ALICE
+    )
     try:
         assert gateway.locate(host.connection_id, ALICE) is not None
         assert gateway.locate(host.connection_id, Principal("token", "alice", "another display")) is not None
@@ -263,7 +266,12 @@ async def test_quota_per_principal_and_audit_lines(
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "MAX_CONNECTIONS_PER_PRINCIPAL": 2}
     caplog.set_level(logging.INFO, logger="acp_channels.audit")
     create = lambda principal: registry.create(  # noqa: E731
-        create_agent_channel, "websocket", max_buffered_bytes=1 << 20, principal=principal, remote_address="192.0.2.1"
+        create_agent_channel,
+        "websocket",
+        connection_id=new_connection_id(),
+        max_buffered_bytes=1 << 20,
+        principal=principal,
+        remote_address="192.0.2.1",
     )
     hosts = [create(ALICE), create(ALICE)]
     try:

@@ -26,6 +26,7 @@ from acp_channels.host import (
     registry,
 )
 from acp_channels.protocol import Single
+from acp_channels.worker import new_connection_id
 from tests.caps_agent import CapsAgent
 from tests.live import notification, rpc
 
@@ -47,7 +48,9 @@ async def hosts() -> AsyncIterator[Callable[..., ConnectionHost]]:
     worker_before = registry.budget.used
 
     def make(transport: TransportKind = "http", budget: int = 1024 * KiB) -> ConnectionHost:
-        host = registry.create(lambda _: CapsAgent(), transport, max_buffered_bytes=budget)
+        host = registry.create(
+            lambda _: CapsAgent(), transport, connection_id=new_connection_id(), max_buffered_bytes=budget
+        )
         host.start()
         made.append(host)
         return host

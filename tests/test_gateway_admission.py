@@ -1,0 +1,128 @@
+"""`gateway.open_connection`, the one admission both edges use, and each edge's answer to its
+refusals (in process: channels' communicators, no server).
+
+The live counterparts pin the same answers through daphne: test_caps_live.py (503 at
+MAX_CONNECTIONS and at the worker's output budget), test_auth_live.py (429 and 1013 at a
+principal's quota), test_agent_start_failure.py (500 and 1011 when the agent cannot start).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from channels.testing import HttpCommunicator, WebsocketCommunicator
+
+from acp_channels import gateway
+from acp_channels.gateway import AgentNotStarted, QuotaExceeded, ServerFull, ShuttingDown, open_connection
+from acp_channels.host import registry
+from acp_channels.identity import ANONYMOUS, Principal
+from acp_channels.lifecycle import lifecycle
+from acp_channels.routing import build_asgi_application
+from acp_channels.worker import WORKER_ID, worker_of
+from tests.live import rpc
+
+ADA = Principal("user", "ada", "Ada")
+TIMEOUT = 5.0
+#: What pytest-django lets through ALLOWED_HOSTS (communicators send no Host of their own).
+HOST = (b"host", b"testserver")
+
+
+@pytest.fixture(autouse=True)
+def wire_agent(settings: Any) -> None:
+    settings.ACP_CHANNELS = {"AGENT": "tests.wire_agent.create", "MAX_BUFFERED_BYTES": 123456}
+
+
+@pytest.fixture
+def draining(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lifecycle, "draining", True)
+
+
+@pytest.fixture(scope="module")
+def application() -> Any:
+    return build_asgi_application()
+
+
+async def test_a_new_connection_is_this_workers_with_the_settings_limits() -> None:
+    before = len(registry)
+    connection = open_connection("http", ADA, "192.0.2.7")
+    try:
+        host = registry.get(connection.connection_id)
+        assert host is connection.host
+        assert worker_of(connection.connection_id) == WORKER_ID  # any worker can reach it
+        assert (host.principal, host.transport, host.remote_address) == (ADA, "http", "192.0.2.7")
+        assert gateway.locate(connection.connection_id, ADA) is not None
+        assert host._budget.limit == 123456
+        assert len(registry) == before + 1
+    finally:
+        await connection.abandon()
+    assert registry.get(connection.connection_id) is None
+
+
+async def test_a_draining_worker_opens_nothing(draining: None) -> None:
+    before = len(registry)
+    with pytest.raises(ShuttingDown):
+        open_connection("websocket", ANONYMOUS, None)
+    assert len(registry) == before
+
+
+async def test_the_worker_caps_and_the_principals_quota(settings: Any) -> None:
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "MAX_CONNECTIONS_PER_PRINCIPAL": 1}
+    first = open_connection("http", ADA, None)
+    try:
+        with pytest.raises(QuotaExceeded) as quota:
+            open_connection("websocket", ADA, None)
+        assert quota.value.limit == 1
+        settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "MAX_CONNECTIONS": len(registry)}
+        with pytest.raises(ServerFull) as full:
+            open_connection("http", ANONYMOUS, None)
+        assert full.value.reason == "connections"
+    finally:
+        await first.abandon()
+
+
+async def test_an_agent_that_cannot_start_is_logged_once_with_its_cause(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": "tests.wire_agent.broken"}
+    before = len(registry)
+    with caplog.at_level(logging.ERROR, logger="acp_channels.gateway"), pytest.raises(AgentNotStarted) as failed:
+        open_connection("http", ANONYMOUS, None)
+    assert isinstance(failed.value.__cause__, RuntimeError)
+    assert len(registry) == before
+    logged = [record for record in caplog.records if record.name == "acp_channels.gateway"]
+    assert [record.getMessage() for record in logged] == ["the agent could not be started"]
+    assert logged[0].exc_info is not None and str(logged[0].exc_info[1]) == "this agent cannot start"
+
+
+# -- each edge's answer while the worker drains -----------------------------------------------
+
+
+async def test_http_initialize_while_draining_is_503(application: Any, draining: None) -> None:
+    body = json.dumps(rpc(0, "initialize", {"protocolVersion": 1})).encode()
+    communicator = HttpCommunicator(
+        application, "POST", "/acp", body=body, headers=[HOST, (b"content-type", b"application/json")]
+    )
+    response = await communicator.get_response(TIMEOUT)
+    assert response["status"] == 503
+    assert response["body"] == b"this server is shutting down; connect again"
+    assert b"acp-connection-id" not in dict(response["headers"])
+
+
+async def test_a_new_socket_while_draining_is_refused_before_the_upgrade(application: Any, draining: None) -> None:
+    before = len(registry)
+    communicator = WebsocketCommunicator(application, "/acp", headers=[HOST])
+    accepted, _ = await communicator.connect(TIMEOUT)
+    assert not accepted  # closed before accept: the server answers 403
+    assert len(registry) == before
+
+
+async def test_a_reattach_while_draining_is_told_to_try_again(application: Any, draining: None) -> None:
+    headers = [HOST, (b"acp-connection-id", f"x.{WORKER_ID}".encode()), (b"last-event-id", b"0")]
+    communicator = WebsocketCommunicator(application, "/acp", headers=headers)
+    accepted, _ = await communicator.connect(TIMEOUT)
+    assert accepted  # no denial-response extension here: accepted, then closed with 4000 + 503
+    closing = await communicator.receive_output(TIMEOUT)
+    assert closing == {"type": "websocket.close", "code": 4503, "reason": "this server is shutting down; connect again"}
