@@ -36,6 +36,7 @@ from acp_channels.gateway import (
     SocketAttachment,
     SocketEnd,
     StreamBusy,
+    WorkerFailed,
     locate,
     open_connection,
 )
@@ -180,6 +181,10 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         except AgentBusy:
             await self.refuse(503, AGENT_BUSY, subprotocol)
             return
+        except WorkerFailed as error:
+            logger.error("connection %s: %s", connection_id, error)
+            await self.refuse(500, f"the connection's worker failed to handle {error.op}", subprotocol)
+            return
         logger.info(
             "connection %s: socket reattached after message %s (client messages received: %d)",
             connection_id,
@@ -226,6 +231,10 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             logger.warning("connection %s: the host is unreachable (%s); closing the socket", self.connection_id, error)
             with contextlib.suppress(OSError):
                 await self.close(code=INTERNAL_ERROR, reason="the connection's host is unreachable")
+        except WorkerFailed as error:
+            logger.error("connection %s: %s; closing the socket", self.connection_id, error)
+            with contextlib.suppress(OSError):
+                await self.close(code=INTERNAL_ERROR, reason=f"the connection's worker failed to handle {error.op}")
         except AgentBusy as error:  # the host has the message; its agent is slow to take it
             logger.warning("connection %s: %s", self.connection_id, error)
 

@@ -14,19 +14,11 @@ A WebSocket's socket may be attached on any worker too (a reattach lands anywher
 consumer holds a `SocketAttachment`, a direct one (`LocalSocket`) or a lease on the host's socket
 outbox (`RemoteSocket`), and sends the client's messages and takes the agent's through it.
 
-Op results (a dict; `error` names a refusal the caller turns into the same answer as for a host
-in its own process): submit -> ok | error unknown, session (text), pending (limit), closed;
-submit with `socket` (the lease id of a reattached socket; `text` is a client message as
-received) -> ok + counted (false: not the connection's socket any more, dropped) | error unknown,
-closed;
-lease -> ok + tag | error unknown, busy, streams (limit), replay (reason, event);
-lease with `socket: true` and `resume` (the last message the client received, a number) ->
-ok + received (the client messages counted so far) | error unknown, busy (not a WebSocket
-connection), replay (reason, event), closed;
-take -> items + first + seq | end (+ reason: taken, when another reader took the stream over;
-lost, for a lease the host no longer knows);
-release (no reply; `close`: an end reason for the connection if the lease still holds its socket);
-terminate -> ok | error unknown; probe -> alive.
+The cross-worker contract (every op, its fields and its replies) is in
+`acp_channels.worker_protocol`; this module makes those calls (`RemoteHandle`, `RemoteStream`,
+`RemoteSocket`), serves them for the hosts of this process (`serve_*`), and turns the refusals a
+remote host answers into the exceptions a local host raises (`raise_refusal`). A reply an op
+cannot get raises `WorkerFailed` (500 at the edges).
 
 `open_connection` is how both edges open a connection on this worker: admission (a draining
 worker, MAX_CONNECTIONS, the worker's output budget, the principal's quota), the connection id,
@@ -40,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NoReturn, Protocol, TypeVar
 
 from acp_channels import protocol
 from acp_channels.agents.channel import AgentClosed
@@ -63,6 +55,7 @@ from acp_channels.host import (
     registry,
 )
 from acp_channels.identity import Principal, TransportKind
+from acp_channels.inventory import ConnectionInfo, local_connections
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import Frame, InboundPlan, SessionHeaderError, StreamKey
 from acp_channels.worker import (
@@ -73,11 +66,44 @@ from acp_channels.worker import (
     HostUnreachable,
     LayerUnavailable,
     bus,
-    inbox_channel,
     lease_idle_limit,
     new_connection_id,
     worker_of,
     worker_timeout,
+)
+from acp_channels.worker_protocol import (
+    Alive,
+    Batch,
+    Busy,
+    Closed,
+    ConnectionEnded,
+    Connections,
+    EndConnection,
+    Ended,
+    ErrorReply,
+    Lease,
+    Leased,
+    LeaseSocket,
+    ListConnections,
+    Probe,
+    Release,
+    ReplayRefused,
+    Replied,
+    Reply,
+    ReplyFromTransport,
+    SessionRefused,
+    SocketLeased,
+    SocketSubmitted,
+    StreamsFull,
+    Submit,
+    SubmitOnSocket,
+    Submitted,
+    Take,
+    Terminate,
+    Terminated,
+    TooManyPending,
+    UnknownConnection,
+    WorkerFailed,
 )
 
 logger = logging.getLogger(__name__)
@@ -86,6 +112,10 @@ logger = logging.getLogger(__name__)
 SUBMIT_TIMEOUT = 300.0
 #: How long ending a connection may take on its host (an agent process may need its grace).
 TERMINATE_TIMEOUT = 30.0
+#: How long a worker may take to list its connections before the cluster view goes without it.
+LIST_TIMEOUT = 2.0
+
+R = TypeVar("R", bound=Reply)
 
 
 class StreamReader(Protocol):
@@ -280,70 +310,74 @@ _lease_ids = itertools.count()
 _active_readers: set[str] = set()
 
 
+def raise_refusal(connection_id: str, refusal: ErrorReply) -> NoReturn:
+    """Raise what a host in this process raises for the refusal a remote host answered."""
+    if isinstance(refusal, UnknownConnection):
+        raise HostUnreachable(connection_id)
+    if isinstance(refusal, SessionRefused):
+        raise SessionHeaderError(refusal.text)
+    if isinstance(refusal, TooManyPending):
+        raise TooManyRequests(refusal.limit)
+    if isinstance(refusal, Busy):
+        raise StreamBusy
+    if isinstance(refusal, StreamsFull):
+        raise TooManyStreams(refusal.limit)
+    if isinstance(refusal, ReplayRefused):
+        raise ReplayUnavailable("gone" if refusal.reason == "gone" else "foreign", refusal.event)
+    if isinstance(refusal, Closed):
+        raise AgentClosed("connection ended")
+    raise WorkerFailed("a call", refusal)
+
+
 class RemoteHandle:
     def __init__(self, worker_id: str, connection_id: str, principal: Principal) -> None:
         self.worker_id = worker_id
         self.connection_id = connection_id
         self.principal = principal
 
-    async def _call(self, op: str, timeout: float, receipt: bool = False, **args: Any) -> dict[str, Any]:
-        target = {"connection": self.connection_id, "principal": self.principal.to_wire()}
-        result = await bus.call(self.worker_id, op, {**target, **args}, timeout=timeout, receipt=receipt)
-        if result.get("error") == "unknown":
-            raise HostUnreachable(self.connection_id)
-        return result
+    async def _call(self, op: Any, timeout: float, result: type[R]) -> R:
+        """The op's result; its refusals raised as a local host raises them."""
+        reply = await bus.call(self.worker_id, op, timeout=timeout, receipt=True)
+        if isinstance(reply, ErrorReply):
+            raise_refusal(self.connection_id, reply)
+        if not isinstance(reply, result):
+            raise WorkerFailed(op.name, reply)
+        return reply
 
     async def submit(self, plan: InboundPlan) -> None:
-        result = await self._call(
-            "submit",
-            SUBMIT_TIMEOUT,
-            receipt=True,
-            text=protocol.serialize_frame(plan.frame),
-            routes=[list(route) for route in plan.routes],
-            sessions=plan.sessions,
-            header=plan.session_header,
+        op = Submit(
+            self.connection_id,
+            self.principal,
+            protocol.serialize_frame(plan.frame),
+            tuple(plan.routes),
+            tuple(plan.sessions),
+            plan.session_header,
         )
-        if result.get("error") == "session":
-            raise SessionHeaderError(result["text"])
-        if result.get("error") == "pending":
-            raise TooManyRequests(int(result["limit"]))
-        if result.get("error") == "closed":
-            raise AgentClosed("agent closed")
+        await self._call(op, SUBMIT_TIMEOUT, Submitted)
 
     async def reply_from_transport(self, text: str) -> None:
-        result = await self._call("reply", worker_timeout(), receipt=True, text=text)
-        if result.get("error") == "closed":
-            raise AgentClosed("connection ended")
+        await self._call(ReplyFromTransport(self.connection_id, self.principal, text), worker_timeout(), Replied)
 
-    async def _lease(self, **target: Any) -> tuple[str, dict[str, Any]]:
-        """Take a lease on the host's worker; its refusals raised as a local host raises them.
-        Returns the lease id and the result."""
-        lease_id = f"{WORKER_ID}-{next(_lease_ids)}"
-        # Receipt proves the host is alive; the answer may wait for a probe of a stale reader.
-        timeout = 2 * worker_timeout()
-        result = await self._call("lease", timeout, receipt=True, lease=lease_id, reader=WORKER_ID, **target)
-        error = result.get("error")
-        if error == "busy":
-            raise StreamBusy
-        if error == "streams":
-            raise TooManyStreams(int(result["limit"]))
-        if error == "replay":
-            raise ReplayUnavailable(result["reason"], result["event"])
-        if error == "closed":
-            raise AgentClosed("connection ended")
-        _active_readers.add(lease_id)
-        return lease_id, result
+    def _new_lease(self) -> str:
+        return f"{WORKER_ID}-{next(_lease_ids)}"
 
     async def lease(self, key: StreamKey, resume: str | None = None) -> StreamReader:
-        lease_id, result = await self._lease(stream=key, resume=resume)
-        return RemoteStream(self.worker_id, lease_id, result["tag"])
+        lease_id = self._new_lease()
+        op = Lease(self.connection_id, self.principal, lease_id, WORKER_ID, key, resume)
+        # The answer may wait for a probe of a stale reader.
+        leased = await self._call(op, 2 * worker_timeout(), Leased)
+        _active_readers.add(lease_id)
+        return RemoteStream(self.worker_id, lease_id, leased.tag)
 
     async def attach_socket(self, last_seq: int) -> SocketAttachment:
-        lease_id, result = await self._lease(socket=True, resume=last_seq)
-        return RemoteSocket(self, lease_id, int(result["received"]))
+        lease_id = self._new_lease()
+        op = LeaseSocket(self.connection_id, self.principal, lease_id, WORKER_ID, last_seq)
+        leased = await self._call(op, 2 * worker_timeout(), SocketLeased)
+        _active_readers.add(lease_id)
+        return RemoteSocket(self, lease_id, leased.received)
 
     async def terminate(self) -> None:
-        await self._call("terminate", TERMINATE_TIMEOUT, receipt=True)
+        await self._call(Terminate(self.connection_id, self.principal), TERMINATE_TIMEOUT, Terminated)
 
 
 class RemoteStream:
@@ -364,24 +398,19 @@ class RemoteStream:
         while not lifecycle.draining:  # a draining worker ends the streams it serves
             wait = TAKE_WAIT if deadline is None else max(0.0, min(TAKE_WAIT, deadline - loop.time()))
             try:
-                result = await bus.call(
-                    self.worker_id,
-                    "take",
-                    {"lease": self.lease_id, "ack": self.acked, "wait": wait},
-                    timeout=wait + worker_timeout(),
+                reply = await bus.call(
+                    self.worker_id, Take(self.lease_id, self.acked, wait), timeout=wait + worker_timeout()
                 )
-            except Exception:  # HostUnreachable, LayerUnavailable: the stream ends
+            except Exception:  # HostUnreachable, LayerUnavailable, WorkerFailed: the stream ends
                 self.end_reason = "gone"
                 return None
-            if result.get("end"):
-                self.end_reason = (
-                    "taken" if result.get("reason") == "taken" else "lost" if result.get("reason") else "ended"
-                )
+            if isinstance(reply, Ended):
+                self.end_reason = "taken" if reply.reason == "taken" else "lost" if reply.reason else "ended"
                 return None
-            self.acked = result["seq"]
-            items: list[str] = result["items"]
-            if items or (deadline is not None and loop.time() >= deadline):
-                return Delivery(items, int(result["first"]))
+            assert isinstance(reply, Batch)
+            self.acked = reply.seq
+            if reply.items or (deadline is not None and loop.time() >= deadline):
+                return Delivery(list(reply.items), reply.first)
         self.end_reason = "draining"
         return None
 
@@ -390,17 +419,7 @@ class RemoteStream:
         connection if this lease still holds its socket."""
         if self.lease_id in _active_readers:
             _active_readers.discard(self.lease_id)
-            message: dict[str, Any] = {
-                "type": "acp.op",
-                "op": "release",
-                "id": self.lease_id,
-                "reply_to": inbox_channel(WORKER_ID),
-                "lease": self.lease_id,
-                "ack": self.acked,
-            }
-            if end is not None:
-                message["close"] = end
-            bus.post(inbox_channel(self.worker_id), message)
+            bus.post(self.worker_id, Release(self.lease_id, self.acked, end))
 
 
 class RemoteSocket(RemoteStream):
@@ -414,9 +433,9 @@ class RemoteSocket(RemoteStream):
         self.received = received
 
     async def send_to_agent(self, text: str) -> None:
-        result = await self.handle._call("submit", SUBMIT_TIMEOUT, receipt=True, text=text, socket=self.lease_id)
-        if result.get("error") == "closed":
-            raise AgentClosed("connection ended")
+        handle = self.handle
+        op = SubmitOnSocket(handle.connection_id, handle.principal, text, self.lease_id)
+        await handle._call(op, SUBMIT_TIMEOUT, SocketSubmitted)
 
     async def detach(self, end: EndReason | None = None) -> None:
         self.release(end)
@@ -456,10 +475,10 @@ class LeaseOnHost:
             if self.holding:
                 self.mailbox.settle()  # written on the reader's side: it stops counting
 
-    async def take(self, wait: float, ack: int) -> dict[str, Any]:
+    async def take(self, wait: float, ack: int) -> Batch | Ended:
         self.acknowledge(ack)
         if self.in_flight:  # the reader did not get the last batch: send it again
-            return {"items": self.in_flight, "first": self.in_flight.first_seq, "seq": self.seq}
+            return Batch(tuple(self.in_flight), self.in_flight.first_seq, self.seq)
         self._disarm()
         self.taking = True
         try:
@@ -469,16 +488,16 @@ class LeaseOnHost:
         if self.ended and items:  # released while we waited: these items belong to the next reader
             if self.holding:
                 self.mailbox.requeue(items)
-            return {"end": True}
+            return Ended()
         if items is None or self.ended:
             taken = not self.ended and not self.holding
             self.end()
-            return {"end": True, "reason": "taken"} if taken else {"end": True}
+            return Ended("taken") if taken else Ended()
         self._arm()
         if items:
             self.seq += 1
             self.in_flight = items
-        return {"items": items, "first": items.first_seq, "seq": self.seq}
+        return Batch(tuple(items), items.first_seq, self.seq)
 
     def end(self) -> None:
         """Release the stream; whatever was not acknowledged goes back for the next reader
@@ -520,135 +539,199 @@ async def release_if_reader_gone(mailbox: Mailbox) -> None:
 
 async def _reader_alive(lease: LeaseOnHost) -> bool:
     try:
-        result = await bus.call(lease.reader_worker, "probe", {"lease": lease.lease_id}, timeout=worker_timeout())
+        reply = await bus.call(lease.reader_worker, Probe(lease.lease_id), timeout=worker_timeout())
     except Exception:
         return False
-    return bool(result.get("alive"))
+    return isinstance(reply, Alive) and reply.alive
 
 
-def _target(message: dict[str, Any]) -> ConnectionHost | None:
+def _target(
+    op: Submit | SubmitOnSocket | ReplyFromTransport | Lease | LeaseSocket | Terminate,
+) -> ConnectionHost | None:
     """The host an op names, if the caller's principal owns it (else it is "unknown")."""
-    try:
-        principal = Principal.from_wire(message["principal"])
-    except (KeyError, TypeError, ValueError):
-        return None  # a caller that names no principal owns nothing
-    return owned_host(message["connection"], principal)
+    return owned_host(op.connection, op.principal)
 
 
-async def serve_submit(message: dict[str, Any]) -> dict[str, Any]:
-    host = _target(message)
+async def serve_submit(op: Submit) -> Reply:
+    host = _target(op)
     if host is None:
-        return {"error": "unknown"}
-    if "socket" in message:  # a client message on a socket attached on another worker
-        lease = _leases_on_host.get(message["socket"])
-        try:
-            counted = await host.receive_from_socket(message["text"], lease if lease is not None else object())
-        except AgentClosed:
-            return {"error": "closed"}
-        return {"ok": True, "counted": counted}
-    routes = [(key, stream) for key, stream in message["routes"]]
+        return UnknownConnection()
     # The edge applied the batch-size limit; a big batch is classified in slices here too.
-    frame = await protocol.read_frame(message["text"])
-    plan = InboundPlan(frame, routes, message["sessions"], message["header"])
+    frame = await protocol.read_frame(op.text)
+    plan = InboundPlan(frame, list(op.routes), list(op.sessions), op.header)
     try:
         await host.submit(plan)
     except SessionHeaderError as error:
-        return {"error": "session", "text": str(error)}
+        return SessionRefused(str(error))
     except TooManyRequests as error:
-        return {"error": "pending", "limit": error.limit}
+        return TooManyPending(error.limit)
     except AgentClosed:
-        return {"error": "closed"}
-    return {"ok": True}
+        return Closed()
+    return Submitted()
 
 
-async def serve_reply(message: dict[str, Any]) -> dict[str, Any]:
-    host = _target(message)
+async def serve_submit_on_socket(op: SubmitOnSocket) -> Reply:
+    """A client message on a socket attached on another worker."""
+    host = _target(op)
     if host is None:
-        return {"error": "unknown"}
+        return UnknownConnection()
+    lease = _leases_on_host.get(op.socket)
     try:
-        host.reply_from_transport(message["text"])
+        counted = await host.receive_from_socket(op.text, lease if lease is not None else object())
     except AgentClosed:
-        return {"error": "closed"}
-    return {"ok": True}
+        return Closed()
+    return SocketSubmitted(counted)
 
 
-async def serve_lease(message: dict[str, Any]) -> dict[str, Any]:
-    host = _target(message)
+async def serve_reply(op: ReplyFromTransport) -> Reply:
+    host = _target(op)
     if host is None:
-        return {"error": "unknown"}
-    if message.get("socket"):
-        return _lease_socket(host, message)
-    resume: str | None = message.get("resume")
+        return UnknownConnection()
     try:
-        if resume is None:
-            await release_if_reader_gone(host.stream_for_reader(message["stream"]))
+        host.reply_from_transport(op.text)
+    except AgentClosed:
+        return Closed()
+    return Replied()
+
+
+async def serve_lease(op: Lease) -> Reply:
+    host = _target(op)
+    if host is None:
+        return UnknownConnection()
+    try:
+        if op.resume is None:
+            await release_if_reader_gone(host.stream_for_reader(op.stream))
         # Looked up again: a stream released empty just now was forgotten (a new one is made).
-        mailbox = host.stream_for_reader(message["stream"])
-        lease = LeaseOnHost(message["lease"], message["reader"], mailbox, host)
-        StreamLease(mailbox, resume, holder=lease)
+        mailbox = host.stream_for_reader(op.stream)
+        lease = LeaseOnHost(op.lease, op.reader, mailbox, host)
+        StreamLease(mailbox, op.resume, holder=lease)
     except StreamBusy:
-        return {"error": "busy"}
+        return Busy()
     except TooManyStreams as error:
-        return {"error": "streams", "limit": error.limit}
+        return StreamsFull(error.limit)
     except ReplayUnavailable as refused:
-        return {"error": "replay", "reason": refused.reason, "event": refused.event_id}
+        return ReplayRefused(refused.reason, refused.event_id)
     lease.start()
-    return {"ok": True, "tag": mailbox.tag}
+    return Leased(mailbox.tag)
 
 
-def _lease_socket(host: ConnectionHost, message: dict[str, Any]) -> dict[str, Any]:
+async def serve_lease_socket(op: LeaseSocket) -> Reply:
     """A socket reattached on another worker takes the connection's socket outbox over."""
-    lease = LeaseOnHost(message["lease"], message["reader"], host.socket_outbox, host)
+    host = _target(op)
+    if host is None:
+        return UnknownConnection()
+    lease = LeaseOnHost(op.lease, op.reader, host.socket_outbox, host)
     try:
-        received = host.attach_socket(int(message["resume"]), lease)
+        received = host.attach_socket(op.resume, lease)
     except StreamBusy:
-        return {"error": "busy"}
+        return Busy()
     except ReplayUnavailable as refused:
-        return {"error": "replay", "reason": refused.reason, "event": refused.event_id}
+        return ReplayRefused(refused.reason, refused.event_id)
     except AgentClosed:
-        return {"error": "closed"}
+        return Closed()
     lease.start()
-    return {"ok": True, "received": received}
+    return SocketLeased(received)
 
 
-async def serve_take(message: dict[str, Any]) -> dict[str, Any]:
-    lease = _leases_on_host.get(message["lease"])
+async def serve_take(op: Take) -> Reply:
+    lease = _leases_on_host.get(op.lease)
     if lease is None:
-        return {"end": True, "reason": "lost"}
-    return await lease.take(float(message["wait"]), int(message["ack"]))
+        return Ended("lost")
+    return await lease.take(op.wait, op.ack)
 
 
-async def serve_release(message: dict[str, Any]) -> None:
-    lease = _leases_on_host.get(message["lease"])
+async def serve_release(op: Release) -> None:
+    lease = _leases_on_host.get(op.lease)
     if lease is not None:
-        lease.acknowledge(int(message["ack"]))
-        end = message.get("close")
-        if end in SOCKET_END_REASONS and lease.holding:
-            await lease.host.detach_socket(lease, end)
+        lease.acknowledge(op.ack)
+        if op.close in SOCKET_END_REASONS and lease.holding:
+            await lease.host.detach_socket(lease, op.close)  # type: ignore[arg-type]
         lease.end()
 
 
-async def serve_terminate(message: dict[str, Any]) -> dict[str, Any]:
-    host = _target(message)
+async def serve_terminate(op: Terminate) -> Reply:
+    host = _target(op)
     if host is None:
-        return {"error": "unknown"}
+        return UnknownConnection()
     await host.terminate("delete")
-    return {"ok": True}
+    return Terminated()
 
 
-async def serve_probe(message: dict[str, Any]) -> dict[str, Any]:
-    return {"alive": message["lease"] in _active_readers}
+async def serve_probe(op: Probe) -> Reply:
+    return Alive(op.lease in _active_readers)
 
 
-bus.handle("submit", serve_submit)
-bus.handle("reply", serve_reply)
-bus.handle("lease", serve_lease)
-bus.handle("take", serve_take)
-bus.handle("release", serve_release)
-bus.handle("terminate", serve_terminate)
-bus.handle("probe", serve_probe)
+async def serve_list_connections(op: ListConnections) -> Reply:
+    return Connections(tuple(local_connections()))
 
-#: What the edges use: finding and opening connections, and the errors they answer.
+
+async def serve_end_connection(op: EndConnection) -> Reply:
+    host = registry.get(op.connection_id)
+    if host is None:
+        return UnknownConnection()
+    await host.terminate("delete")
+    return ConnectionEnded()
+
+
+bus.handle(Submit, serve_submit)
+bus.handle(SubmitOnSocket, serve_submit_on_socket)
+bus.handle(ReplyFromTransport, serve_reply)
+bus.handle(Lease, serve_lease)
+bus.handle(LeaseSocket, serve_lease_socket)
+bus.handle(Take, serve_take)
+bus.handle(Release, serve_release)
+bus.handle(Terminate, serve_terminate)
+bus.handle(Probe, serve_probe)
+bus.handle(ListConnections, serve_list_connections)
+bus.handle(EndConnection, serve_end_connection)
+
+
+# -- the cluster, for operators ----------------------------------------------------------------
+
+
+async def cluster_connections() -> tuple[list[ConnectionInfo], list[str]]:
+    """Every live connection of the cluster (each live worker's, oldest first), and the ids of
+    the live workers that did not answer within LIST_TIMEOUT. With the in-memory layer: this
+    process's own."""
+    connections = local_connections()
+    if not bus.shared:
+        return connections, []
+    bus.ensure_listening()
+    others = [worker for worker in await bus.heartbeat.live_workers() if worker != WORKER_ID]
+
+    async def ask(worker: str) -> list[ConnectionInfo] | None:
+        try:
+            reply = await bus.call(worker, ListConnections(), timeout=LIST_TIMEOUT)
+        except Exception:
+            return None
+        return list(reply.items) if isinstance(reply, Connections) else None
+
+    answers = await asyncio.gather(*(ask(worker) for worker in others))
+    silent = [worker for worker, answer in zip(others, answers, strict=True) if answer is None]
+    for answer in answers:
+        connections.extend(answer or ())
+    return sorted(connections, key=lambda info: -info.age_seconds), silent
+
+
+async def end_connection(connection_id: str) -> bool:
+    """End a connection by id, whoever owns it (administrative). False: no such connection
+    (or its worker is gone)."""
+    host = registry.get(connection_id)
+    if host is not None:
+        await host.terminate("delete")
+        return True
+    worker_id = worker_of(connection_id)
+    if worker_id is None or worker_id == WORKER_ID or not bus.shared:
+        return False
+    try:
+        reply = await bus.call(worker_id, EndConnection(connection_id), timeout=TERMINATE_TIMEOUT, receipt=True)
+    except HostUnreachable:
+        return False
+    return isinstance(reply, ConnectionEnded)
+
+
+#: What the edges use: finding and opening connections, and the errors they answer; and the
+#: cluster view for operators.
 __all__ = [
     "AgentBusy",
     "AgentClosed",
@@ -669,6 +752,9 @@ __all__ = [
     "StreamReader",
     "TooManyRequests",
     "TooManyStreams",
+    "WorkerFailed",
+    "cluster_connections",
+    "end_connection",
     "locate",
     "open_connection",
 ]

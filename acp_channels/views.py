@@ -32,6 +32,7 @@ from acp_channels.gateway import (
     StreamReader,
     TooManyRequests,
     TooManyStreams,
+    WorkerFailed,
     locate,
     open_connection,
 )
@@ -373,13 +374,17 @@ async def delete(request: HttpRequest, principal: Principal) -> HttpResponseBase
 
 
 #: What can go wrong reaching a host on another worker.
-REACHING_THE_HOST = (HostUnreachable, LayerUnavailable, AgentBusy)
+REACHING_THE_HOST = (HostUnreachable, LayerUnavailable, AgentBusy, WorkerFailed)
 
 
 def host_unavailable(error: Exception) -> HttpResponse:
-    """The host's worker is gone (404), the layer is down, or the agent is stuck (503)."""
+    """The host's worker is gone (404), the layer is down, or the agent is stuck (503); the
+    host's worker failed to handle the call (500, and a log line here too)."""
     if isinstance(error, HostUnreachable):
         return text_response(404)
+    if isinstance(error, WorkerFailed):
+        logger.error("%s", error)
+        return text_response(500, f"the connection's worker failed to handle {error.op}")
     if isinstance(error, LayerUnavailable):
         logger.warning("channel layer unavailable: %s", error)
         return text_response(503, LAYER_UNAVAILABLE)

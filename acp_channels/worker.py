@@ -31,6 +31,27 @@ from typing import Any, Final, TypeVar
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
+from acp_channels.worker_protocol import (
+    RECEIPT_AFTER,
+    ErrorReply,
+    Internal,
+    MalformedMessage,
+    Op,
+    Pushed,
+    PushEnded,
+    Reply,
+    UnknownOp,
+    decode_op,
+    decode_push,
+    decode_reply,
+    describe,
+    encode_op,
+    encode_push,
+    encode_receipt,
+    encode_reply,
+    expect,
+)
+
 logger = logging.getLogger(__name__)
 
 WORKER_ID: Final = uuid.uuid4().hex[:12]
@@ -78,8 +99,10 @@ class LayerUnavailable(Exception):
     """The channel layer itself failed (Redis down): 503."""
 
 
-OpHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+OpHandler = Callable[[Any], Awaitable[Reply | None]]
+PushReceiver = Callable[[Pushed | PushEnded], None]
 T = TypeVar("T")
+OpT = TypeVar("OpT", bound=Op)
 
 HEARTBEAT_INTERVAL: Final = 0.25
 ALIVE_TTL_MS: Final = 1500  # a worker silent this long is dead (a kill -9 is a 404 within 2 s)
@@ -121,6 +144,17 @@ class Heartbeat:
                     await self._redis.set(key, b"1", px=ALIVE_TTL_MS)
             await asyncio.sleep(HEARTBEAT_INTERVAL)  # a period, not a wait for an event
 
+    async def live_workers(self) -> list[str]:
+        """The ids of the workers whose heartbeat is fresh (this one included, once it beat)."""
+        if self._redis is None:
+            return []
+        prefix = self._key("")
+        found = []
+        async for key in self._redis.scan_iter(match=f"{prefix}*", count=1000):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            found.append(name.removeprefix(prefix))
+        return sorted(found)
+
     async def alive(self, worker_id: str) -> bool:
         if self._redis is None:
             return False
@@ -133,15 +167,17 @@ class Heartbeat:
 
 class Bus:
     """This process's end of the channel layer: its inbox, calls to other workers, and the
-    handlers that serve calls made to it."""
+    handlers that serve calls made to it. Messages are built and read by
+    `acp_channels.worker_protocol` only."""
 
     def __init__(self) -> None:
         self._layer: Any = None
-        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._receipts: dict[str, asyncio.Future[None]] = {}
         self._ids = itertools.count()
         self._loop_task: asyncio.Task[None] | None = None
-        self._handlers: dict[str, OpHandler] = {}
+        self._handlers: dict[type[Op], OpHandler] = {}
+        self._push_receivers: dict[str, PushReceiver] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.heartbeat = Heartbeat()
 
@@ -156,7 +192,7 @@ class Bus:
         """Whether other processes can reach us: a channel layer that is not in-memory."""
         return self.layer is not None and not isinstance(self.layer, InMemoryChannelLayer)
 
-    def handle(self, op: str, handler: OpHandler) -> None:
+    def handle(self, op: type[OpT], handler: Callable[[OpT], Awaitable[Reply | None]]) -> None:
         self._handlers[op] = handler
 
     def ensure_listening(self) -> None:
@@ -169,46 +205,41 @@ class Bus:
 
     # -- calling other workers ---------------------------------------------------------------
 
-    async def call(
-        self, worker_id: str, op: str, args: dict[str, Any], *, timeout: float, receipt: bool = False
-    ) -> dict[str, Any]:
-        """Send an operation to a worker and wait for its result.
+    async def call(self, worker_id: str, op: Op, *, timeout: float, receipt: bool = False) -> Reply:
+        """Send an operation to a worker and wait for its reply: one the op may get
+        (`op.replies`); any other (Internal, UnknownOp, Malformed) raises WorkerFailed.
 
-        With `receipt`, the worker's receipt must come within worker_timeout() and the result may
-        take up to `timeout` after it. Raises HostUnreachable or LayerUnavailable.
+        With `receipt`, the worker answers within worker_timeout() (its result, or a receipt when
+        the result is not ready at once: RECEIPT_AFTER) and the result may take up to `timeout`
+        after that. Raises HostUnreachable, AgentBusy or LayerUnavailable.
         """
         self.ensure_listening()
         request_id = f"{WORKER_ID}-{next(self._ids)}"
         loop = asyncio.get_running_loop()
-        result: asyncio.Future[dict[str, Any]] = loop.create_future()
+        result: asyncio.Future[Reply] = loop.create_future()
         self._pending[request_id] = result
         received: asyncio.Future[None] | None = None
         if receipt:
             received = self._receipts[request_id] = loop.create_future()
         try:
-            message = {
-                "type": "acp.op",
-                "op": op,
-                "id": request_id,
-                "reply_to": inbox_channel(WORKER_ID),
-                "receipt": receipt,
-                **args,
-            }
-            await self.send(inbox_channel(worker_id), message)
+            await self.send(
+                inbox_channel(worker_id), encode_op(op, request_id, inbox_channel(WORKER_ID), receipt=receipt)
+            )
             if received is not None:
                 try:
                     await self._reply_from(worker_id, received, expected=worker_timeout(), limit=SLOW_WORKER_PATIENCE)
                 except TimeoutError:
-                    raise AgentBusy(f"worker {worker_id} is alive but did not take {op}") from None
+                    raise AgentBusy(f"worker {worker_id} is alive but did not take {op.name}") from None
             try:
-                return await self._reply_from(worker_id, result, expected=timeout, limit=timeout)
+                reply = await self._reply_from(worker_id, result, expected=timeout, limit=timeout)
             except TimeoutError:
                 if received is not None:
-                    raise AgentBusy(f"{op} was not done within {timeout:g} s") from None
-                raise HostUnreachable(f"worker {worker_id} did not answer {op}") from None
+                    raise AgentBusy(f"{op.name} was not done within {timeout:g} s") from None
+                raise HostUnreachable(f"worker {worker_id} did not answer {op.name}") from None
         finally:
             self._pending.pop(request_id, None)
             self._receipts.pop(request_id, None)
+        return expect(op, reply)
 
     async def _reply_from(self, worker_id: str, reply: asyncio.Future[T], *, expected: float, limit: float) -> T:
         """A worker's reply, expected within `expected` s. Past that, keep waiting (up to `limit`)
@@ -218,6 +249,8 @@ class Bus:
         asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
         arrives as the reply does, and a cancelled SSE body would then run forever.
         """
+        if reply.done():
+            return reply.result()
         loop = asyncio.get_running_loop()
         give_up = loop.time() + max(limit, expected)
         wait = expected
@@ -231,6 +264,17 @@ class Bus:
             if not await self.heartbeat.alive(worker_id):
                 raise HostUnreachable(f"worker {worker_id} is gone")
             wait = HEARTBEAT_INTERVAL
+
+    async def push(self, worker_id: str, push: Pushed | PushEnded) -> None:
+        """A batch (or the end) for a reader on another worker: a direct send, in order."""
+        await self.send(inbox_channel(worker_id), encode_push(push))
+
+    def receive_pushes(self, lease: str, receiver: PushReceiver | None) -> None:
+        """Route the pushes for `lease` to `receiver` (None: stop)."""
+        if receiver is None:
+            self._push_receivers.pop(lease, None)
+        else:
+            self._push_receivers[lease] = receiver
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         """A direct send; a full channel is retried (backpressure), a broken layer is 503."""
@@ -255,14 +299,15 @@ class Bus:
                     raise LayerUnavailable(str(error)) from error
                 raise
 
-    def post(self, channel: str, message: dict[str, Any]) -> None:
-        """Fire and forget (releases): failures are logged, never raised."""
+    def post(self, worker_id: str, op: Op) -> None:
+        """Fire and forget (releases: ops that get no reply): failures are logged, never raised."""
+        message = encode_op(op, f"{WORKER_ID}-{next(self._ids)}", inbox_channel(WORKER_ID))
 
         async def deliver() -> None:
             try:
-                await self.send(channel, message)
+                await self.send(inbox_channel(worker_id), message)
             except Exception as error:
-                logger.warning("could not deliver %s to %s: %s", message.get("op"), channel, error)
+                logger.warning("could not deliver %s to worker %s: %s", op.name, worker_id, error)
 
         self._spawn(deliver())
 
@@ -283,34 +328,72 @@ class Bus:
                     logger.warning("channel layer receive failed (%s); retrying", error)
                 await asyncio.sleep(min(0.1 * failures, 2.0))  # the layer is down: back off, retry
                 continue
-            self._dispatch(message)
+            try:
+                self._dispatch(message)
+            except Exception:  # a message we cannot read must not stop the inbox
+                logger.exception("could not dispatch a message from the channel layer")
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
         request_id = message.get("id")
-        if kind == "acp.receipt":
-            receipt = self._receipts.get(request_id)  # type: ignore[arg-type]
-            if receipt is not None and not receipt.done():
-                receipt.set_result(None)
-        elif kind == "acp.result":
-            future = self._pending.get(request_id)  # type: ignore[arg-type]
-            if future is not None and not future.done():
-                future.set_result(message)
-        elif kind == "acp.op":
+        if kind == "acp.op":
             self._spawn(self._serve(message))
+        elif kind == "acp.push":
+            self._deliver_push(message)
+        elif kind in ("acp.receipt", "acp.result") and isinstance(request_id, str):
+            receipt = self._receipts.get(request_id)
+            if receipt is not None and not receipt.done():
+                receipt.set_result(None)  # a result is a receipt too
+            future = self._pending.get(request_id)
+            if kind == "acp.result" and future is not None and not future.done():
+                future.set_result(decode_reply(message))
+        else:
+            logger.warning("ignored a message of type %r on the worker inbox", kind)
+
+    def _deliver_push(self, message: dict[str, Any]) -> None:
+        try:
+            push = decode_push(message)
+        except MalformedMessage as error:
+            logger.warning("ignored a malformed push: %s", error)
+            return
+        receiver = self._push_receivers.get(push.lease)
+        if receiver is not None:
+            receiver(push)
 
     async def _serve(self, message: dict[str, Any]) -> None:
-        reply_to = message["reply_to"]
-        handler = self._handlers.get(message["op"])
-        if message.get("receipt"):
-            await self._reply(reply_to, {"type": "acp.receipt", "id": message["id"]})
+        reply_to, request_id = message.get("reply_to"), message.get("id")
+        if not isinstance(reply_to, str) or not isinstance(request_id, str):
+            logger.warning("ignored an op that names no reply channel: %.200r", message)
+            return
+        op = decode_op(message)
+        if isinstance(op, ErrorReply):
+            logger.warning("could not serve an op: %s", describe(op))
+            await self._reply(reply_to, encode_reply(request_id, op))
+            return
+        task = asyncio.ensure_future(self._run(op))
+        if message.get("receipt") is True:
+            # The result alone when it is ready at once; a receipt first when it is not, so the
+            # caller tells a slow worker from a dead one.
+            done, _ = await asyncio.wait({task}, timeout=RECEIPT_AFTER)
+            if not done:
+                await self._reply(reply_to, encode_receipt(request_id))
+        reply = await task
+        if reply is not None:
+            await self._reply(reply_to, encode_reply(request_id, reply))
+
+    async def _run(self, op: Op) -> Reply | None:
+        handler = self._handlers.get(type(op))
+        if handler is None:
+            return UnknownOp(op.name)
         try:
-            result = await handler(message) if handler is not None else {"error": "unknown-op"}
+            reply = await handler(op)
         except Exception:
-            logger.exception("serving %s failed", message["op"])
-            result = {"error": "internal"}
-        if result is not None:
-            await self._reply(reply_to, {"type": "acp.result", "id": message["id"], **result})
+            logger.exception("serving %s failed", op.name)
+            return Internal()
+        if op.replies and not isinstance(reply, op.replies):
+            logger.error("the handler of %s answered %r, which the op cannot get", op.name, reply)
+            return Internal()
+        return reply
 
     async def _reply(self, channel: str, message: dict[str, Any]) -> None:
         try:

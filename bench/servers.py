@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Where the servers' code comes from (their cwd and PYTHONPATH): this tree unless
+#: BENCH_CODE_ROOT names another checkout (bench/cluster_hop.py --code, a before/after run).
+CODE_ROOT = Path(os.environ.get("BENCH_CODE_ROOT") or ROOT)
 TS_SERVER = ROOT / "tests" / "peers" / "ts_server"
 SERVER_CPU = os.environ.get("BENCH_SERVER_CPU", "0")
 MAX_MESSAGE = str(16 * 1024 * 1024 + 4096)
@@ -47,10 +50,12 @@ class Proc:
     log: list[str] = field(default_factory=list)
 
     def start(self, timeout: float = 60.0) -> Proc:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings", **self.env}
+        env = {**os.environ, "PYTHONPATH": str(CODE_ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+               **self.env}
         self.process = subprocess.Popen(
             ["taskset", "-c", SERVER_CPU, *self.command],
-            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=CODE_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
         )
         ready = threading.Event()
         threading.Thread(target=self._pump, args=(ready,), daemon=True).start()

@@ -58,3 +58,14 @@ async def test_posts_acknowledged_one_by_one_reach_the_agent_in_order(
         frames = (await reader.next())["result"]["frames"]
     notes = [json.loads(frame)["params"]["n"] for frame in frames if "custom/note" in frame]
     assert notes == list(range(60))
+
+
+async def test_a_worker_that_fails_to_handle_a_post_is_500_not_202(cluster: Cluster, http: httpx.AsyncClient) -> None:
+    """The host's worker answers `internal` when its handler raises (here: the agent adapter
+    fails on input); a POST through another worker must say so, as on the host's own worker."""
+    a, b, _ = (worker.url for worker in cluster.workers)
+    connection_id = await initialize(http, a)
+    assert (await post(http, a, rpc(1, "test/break_input"), connection_id)).status_code == 202
+    response = await post(http, b, rpc(2, "custom/echo"), connection_id)
+    assert response.status_code == 500
+    assert response.text == "the connection's worker failed to handle submit"

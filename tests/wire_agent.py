@@ -16,6 +16,8 @@ Requests it understands (everything else is echoed: result {"method": m, "params
 - test/exit: replies, emits params.final (a notification) if given, then ends.
 - test/block_loop: blocks the worker's event loop for params.seconds (an overloaded worker).
 - test/block_input: replies, then stops taking input: every later send() waits (backpressure).
+- test/break_input: replies, then every later send() raises RuntimeError (an adapter bug: an
+  error the host does not expect).
 - test/flood: replies, then emits params.count notifications `test/flooded` {"n": i, "pad":
   params.size characters}, each only once the host has taken all but a few of the earlier ones
   (the agent itself holds next to nothing: whatever grows is the server's).
@@ -50,10 +52,13 @@ class WireAgent:
         self._input_open = asyncio.Event()
         self._input_open.set()
         self._frame_taken = asyncio.Event()
+        self._input_broken = False
         self._flood: asyncio.Task[None] | None = None
 
     async def send(self, frame: Frame) -> None:
         await self._input_open.wait()
+        if self._input_broken:
+            raise RuntimeError("the wire agent's input is broken (test/break_input)")
         if self._closed:
             raise AgentClosed("wire agent ended")
         if isinstance(frame, Single) and frame.message.get("method") == "test/received":
@@ -119,6 +124,9 @@ class WireAgent:
         elif method == "test/block_input":
             self._reply(message, {"ok": True})
             self._input_open.clear()
+        elif method == "test/break_input":
+            self._reply(message, {"ok": True})
+            self._input_broken = True
         elif method == "test/flood":
             self._reply(message, {"ok": True})
             count, size = int(params.get("count", 0)), int(params.get("size", 0))

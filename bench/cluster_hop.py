@@ -1,0 +1,184 @@
+"""The cost of the cross-worker hop, on its own: bench/cluster-hop.json and bench/HOP.md.
+
+    .venv/bin/python -m bench.cluster_hop --label after                        # this tree
+    git worktree add /tmp/hop-before <commit>
+    .venv/bin/python -m bench.cluster_hop --label before --code /tmp/hop-before
+    .venv/bin/python -m bench.cluster_hop --render                             # HOP.md only
+
+Starts three daphne workers on a private Redis (bench.servers.Cluster, every server process on
+CPU 0, this load generator on CPU 1) and runs the layouts of bench.run.cluster_layouts over
+HTTP: *same* (initialize, SSE and POST all on worker A: the same-process path) and *cross*
+(initialize on A, SSE through B, POST through C: every POST and every event crosses Redis).
+Each layout: a warm-up stream of 20,000 messages, then 3 repetitions of stream, rtt and
+permission on one connection; medians of the 3. Then it counts the Redis commands per echo
+turn in each layout (`INFO commandstats` around 500 turns, less the heartbeats' idle rate).
+
+A run is stored under its label in bench/cluster-hop.json with the commit of the code it ran
+(`--code` runs the servers from another checkout: their cwd and PYTHONPATH) and the date; HOP.md
+shows every stored run in one table, with the ratios of cross to same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "cluster-hop.json"
+REPORT = HERE / "HOP.md"
+SIZES = {"warmup": 20000, "stream": 20000, "rtt": 2000, "permission": 200, "reps": 3}
+COUNTED_TURNS = 500
+
+
+def commit_of(tree: Path) -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True, timeout=10).stdout.strip()
+
+    dirty = git("status", "--porcelain", "acp_channels")
+    return git("rev-parse", "--short", "HEAD") + (" (dirty)" if dirty else "")
+
+
+def redis_commands(port: int) -> dict[str, int]:
+    """Calls per Redis command so far (INFO commandstats)."""
+    import redis
+
+    stats = redis.Redis(port=port).info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+
+
+def command_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: after[name] - before.get(name, 0) for name in after if after[name] - before.get(name, 0)}
+
+
+async def commands_per_turn(cluster: Any, factory: Any) -> dict[str, Any]:
+    """Redis commands per echo turn in a layout, less what the workers' heartbeats issue meanwhile."""
+    from bench import scenarios
+
+    port = cluster.redis.redis_port
+    client = factory()
+    await client.open()
+    await client.new_session()
+    await scenarios.run_rtt(client, 50)  # warm
+    idle_before, idle_started = redis_commands(port), time.perf_counter()
+    await asyncio.sleep(2.0)  # the heartbeats' rate: a period, not a wait for an event
+    idle = command_delta(idle_before, redis_commands(port))
+    idle_seconds = time.perf_counter() - idle_started
+    before, started = redis_commands(port), time.perf_counter()
+    await scenarios.run_rtt(client, COUNTED_TURNS)
+    seconds = time.perf_counter() - started
+    used = command_delta(before, redis_commands(port))
+    await client.close()
+    scale = seconds / idle_seconds
+    per_turn = {
+        name: round((count - idle.get(name, 0) * scale) / COUNTED_TURNS, 2)
+        for name, count in used.items()
+        if name not in ("info",)
+    }
+    per_turn = {name: value for name, value in per_turn.items() if value >= 0.05}
+    return {"per_turn": per_turn, "total": round(sum(per_turn.values()), 1)}
+
+
+async def run(label: str, code: Path) -> dict[str, Any]:
+    os.environ["BENCH_CODE_ROOT"] = str(code)
+    from bench.client import HttpAcp
+    from bench.run import cluster_layouts, log
+    from bench.servers import Cluster
+
+    cluster = Cluster()
+    cluster.start()
+    try:
+        layouts = await cluster_layouts(cluster, SIZES)
+        a, b, c = (cluster.worker_url(i) for i in range(3))
+        for name, factory in (("same", lambda: HttpAcp(a)), ("cross", lambda: HttpAcp(a, post_url=c, stream_url=b))):
+            if "error" not in layouts.get(name, {"error": ""}):
+                layouts[name]["redis"] = await commands_per_turn(cluster, factory)
+                log(f"  {name}: {layouts[name]['redis']['total']} Redis commands per echo turn")
+    finally:
+        cluster.stop()
+        errors = cluster.errors()[:5]
+    return {
+        "label": label,
+        "commit": commit_of(code),
+        "code": str(code),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "sizes": SIZES,
+        "layouts": layouts,
+        "server_errors": errors,
+    }
+
+
+def render(stored: dict[str, Any]) -> str:
+    lines = [
+        "# The cross-worker hop",
+        "",
+        "Written by `python -m bench.cluster_hop` from `cluster-hop.json` (see bench/README.md). Three daphne "
+        "workers on a private Redis, all on CPU 0; the load generator on CPU 1. *same*: initialize, SSE and "
+        "POST on worker A (the same-process path). *cross*: initialize on A, both SSE streams through B, POSTs "
+        "through C, so every POST and every event crosses Redis. HTTP; medians of 3 repetitions after a "
+        "warm-up of 20,000 messages. Redis commands: per echo turn, counted with `INFO commandstats` over "
+        f"{COUNTED_TURNS} turns, less the heartbeats.",
+        "",
+        "| run (commit, date) | layout | stream msg/s | rtt p50 ms | rtt p99 ms | permission p50 ms "
+        "| Redis commands / echo turn |",
+        "|---|---|--:|--:|--:|--:|--:|",
+    ]
+    summary = [
+        "",
+        "| run | cross − same rtt p50 (ms) | cross / same streaming | Redis commands / cross turn |",
+        "|---|--:|--:|--:|",
+    ]
+    for label, entry in stored.items():
+        name = f"{label} ({entry['commit']}, {entry['date']})"
+        layouts = entry["layouts"]
+        for layout in ("same", "cross"):
+            done = layouts.get(layout, {})
+            if not done or "error" in done:
+                lines.append(f"| {name} | {layout} | {done.get('error', '—')} | | | | |")
+                continue
+            redis = done.get("redis", {}).get("total", "—")
+            lines.append(
+                f"| {name} | {layout} | {statistics.median(done['stream']):,.0f} | {done['rtt']['p50']:.2f} | "
+                f"{done['rtt']['p99']:.2f} | {done['permission']['p50']:.2f} | {redis} |"
+            )
+        same, cross = layouts.get("same", {}), layouts.get("cross", {})
+        if same and cross and "error" not in same and "error" not in cross:
+            hop = cross["rtt"]["p50"] - same["rtt"]["p50"]
+            ratio = statistics.median(cross["stream"]) / statistics.median(same["stream"])
+            summary.append(f"| {label} | +{hop:.2f} | {ratio:.2f}× | {cross.get('redis', {}).get('total', '—')} |")
+    lines += summary
+    lines += ["", "Targets (issue 13): cross − same rtt p50 within 2 ms; cross streaming at least 0.9× same.", ""]
+    notes = HERE / "HOP-NOTES.md"
+    if notes.exists():
+        lines += [notes.read_text().rstrip(), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--label", default="after", help="the run's name in cluster-hop.json (replaces one so named)")
+    parser.add_argument("--code", default=str(HERE.parent), help="the checkout whose acp_channels the workers run")
+    parser.add_argument("--render", action="store_true", help="only write HOP.md from cluster-hop.json")
+    args = parser.parse_args()
+    stored: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if not args.render:
+        from bench.run import LOADGEN_CPU
+
+        os.sched_setaffinity(0, {LOADGEN_CPU})
+        import uvloop
+
+        stored[args.label] = uvloop.run(run(args.label, Path(args.code).resolve()))
+        RESULTS.write_text(json.dumps(stored, indent=1) + "\n")
+    REPORT.write_text(render(stored))
+    print(f"wrote {REPORT}")
+
+
+if __name__ == "__main__":
+    main()
