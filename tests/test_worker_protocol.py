@@ -1,0 +1,386 @@
+"""The typed cross-worker protocol: every op and reply round-trips through its wire form, an
+unknown or malformed op is answered with a typed error (never a crash), and a caller raises for
+a reply its op cannot get. Two `Bus`es in one process, wired to each other through msgpack (the
+channel layer's wire form), stand for two workers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgpack
+import pytest
+
+from acp_channels import gateway, worker_protocol
+from acp_channels.agents import AgentClosed
+from acp_channels.host import ReplayUnavailable, StreamBusy, TooManyRequests, TooManyStreams
+from acp_channels.identity import Principal
+from acp_channels.inventory import ConnectionInfo
+from acp_channels.protocol import InboundPlan, SessionHeaderError, Single
+from acp_channels.worker import Bus, HostUnreachable
+from acp_channels.worker_protocol import (
+    OPS,
+    REPLIES,
+    Acknowledge,
+    Alive,
+    Batch,
+    Busy,
+    Closed,
+    ConnectionEnded,
+    Connections,
+    EndConnection,
+    Ended,
+    ErrorReply,
+    Internal,
+    Kept,
+    Lease,
+    Leased,
+    LeaseSocket,
+    ListConnections,
+    Malformed,
+    Op,
+    Probe,
+    Pushed,
+    PushEnded,
+    Release,
+    ReplayRefused,
+    Replied,
+    Reply,
+    ReplyFromTransport,
+    SessionRefused,
+    SocketLeased,
+    SocketSubmitted,
+    StreamsFull,
+    Submit,
+    SubmitOnSocket,
+    Submitted,
+    Take,
+    Terminate,
+    Terminated,
+    TooManyPending,
+    UnknownConnection,
+    UnknownOp,
+    WorkerFailed,
+)
+
+ALICE = Principal("user", "7", "alice")
+INFO = ConnectionInfo("c.0123456789ab", "0123456789ab", "user:alice", "http", 2, 1.5, 0.25, 300, 4242)
+
+SAMPLE_OPS: list[Op] = [
+    Submit("c1", ALICE, '{"jsonrpc":"2.0","id":1,"method":"x"}', (("1", "s1"), ("2", None)), ("s1",), "s1"),
+    Submit("c1", ALICE, "[]", (), (), None),
+    SubmitOnSocket("c1", ALICE, "text", "lease-1"),
+    ReplyFromTransport("c1", ALICE, '{"jsonrpc":"2.0","id":null,"error":{}}'),
+    Lease("c1", ALICE, "lease-1", "0123456789ab", "s1", "tag:4"),
+    Lease("c1", ALICE, "lease-2", "0123456789ab", None, None),
+    LeaseSocket("c1", ALICE, "lease-3", "0123456789ab", 17),
+    Take("lease-1", 3, 2.5),
+    Acknowledge("lease-1", 4),
+    Release("lease-1", 4, "socket closed"),
+    Release("lease-1", 0),
+    Terminate("c1", ALICE),
+    Probe("lease-1"),
+    ListConnections(),
+    EndConnection("c1"),
+]
+SAMPLE_REPLIES: list[Reply] = [
+    Submitted(),
+    SocketSubmitted(True),
+    Replied(),
+    Leased("ab12cd34"),
+    SocketLeased(5),
+    Batch(("a", "b"), 7, 2),
+    Batch((), 1, 0),
+    Ended(),
+    Ended("taken"),
+    Kept(),
+    Terminated(),
+    Alive(False),
+    Connections((INFO, ConnectionInfo("d", "w", "anonymous", "websocket", 0, 0.0, 0.0, 0, None))),
+    Connections(()),
+    ConnectionEnded(),
+    UnknownConnection(),
+    SessionRefused("the header names another session"),
+    TooManyPending(64),
+    Busy(),
+    StreamsFull(16),
+    ReplayRefused("gone", "tag:3"),
+    Closed(),
+    Internal(),
+    UnknownOp("teleport"),
+    Malformed("submit.text: expected str, got int"),
+]
+
+
+def wire(message: dict[str, Any]) -> dict[str, Any]:
+    """What the other worker reads: the channel layer's msgpack round trip (tuples become lists)."""
+    unpacked: dict[str, Any] = msgpack.unpackb(msgpack.packb(message), raw=False)
+    return unpacked
+
+
+def test_the_samples_cover_every_op_and_reply() -> None:
+    assert {op.name for op in SAMPLE_OPS} == set(OPS)
+    assert {reply.name for reply in SAMPLE_REPLIES} == set(REPLIES)
+
+
+@pytest.mark.parametrize("op", SAMPLE_OPS, ids=lambda op: op.name)
+def test_every_op_round_trips(op: Op) -> None:
+    message = wire(worker_protocol.encode_op(op, "w-1", "acp.worker.w", receipt=True))
+    assert (message["type"], message["id"], message["reply_to"], message["receipt"]) == (
+        "acp.op",
+        "w-1",
+        "acp.worker.w",
+        True,
+    )
+    assert worker_protocol.decode_op(message) == op
+
+
+@pytest.mark.parametrize("reply", SAMPLE_REPLIES, ids=lambda reply: f"{reply.name}-{id(reply)}")
+def test_every_reply_round_trips(reply: Reply) -> None:
+    message = wire(worker_protocol.encode_reply("w-9", reply))
+    assert set(message) == {"type", "id", "reply", "fields"}  # fields can never overwrite the envelope
+    assert (message["type"], message["id"]) == ("acp.result", "w-9")
+    assert worker_protocol.decode_reply(message) == reply
+
+
+def test_pushes_round_trip() -> None:
+    for push in (Pushed("lease-1", 3, 40, ("x", "y")), PushEnded("lease-1", "taken"), PushEnded("lease-1", None)):
+        assert worker_protocol.decode_push(wire(worker_protocol.encode_push(push))) == push
+
+
+def test_an_unknown_op_is_an_unknown_op_reply() -> None:
+    message = wire(worker_protocol.encode_op(Probe("x"), "w-1", "acp.worker.w"))
+    message["op"] = "teleport"
+    assert worker_protocol.decode_op(message) == UnknownOp("teleport")
+    del message["op"]
+    assert worker_protocol.decode_op(message) == UnknownOp("None")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        None,
+        [],
+        {"lease": "x", "ack": 1},  # wait missing
+        {"lease": "x", "ack": "1", "wait": 1.0},  # a string for an int
+        {"lease": "x", "ack": True, "wait": 1.0},  # a bool is not a count
+        {"lease": 5, "ack": 1, "wait": 1.0},
+    ],
+)
+def test_a_malformed_op_is_a_malformed_reply(args: Any) -> None:
+    message = {"type": "acp.op", "id": "w-1", "reply_to": "acp.worker.w", "op": "take", "args": args}
+    decoded = worker_protocol.decode_op(message)
+    assert isinstance(decoded, Malformed), decoded
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"principal": ["user"], "connection": "c", "text": "t", "routes": [], "sessions": [], "header": None},
+        {
+            "principal": ["user", "7", "a"],
+            "connection": "c",
+            "text": "t",
+            "routes": [["1"]],
+            "sessions": [],
+            "header": None,
+        },
+        {
+            "principal": ["user", "7", "a"],
+            "connection": "c",
+            "text": "t",
+            "routes": [],
+            "sessions": "s1",
+            "header": None,
+        },
+    ],
+)
+def test_malformed_nested_fields_are_malformed(fields: dict[str, Any]) -> None:
+    message = {"type": "acp.op", "id": "w-1", "reply_to": "r", "op": "submit", "args": fields}
+    assert isinstance(worker_protocol.decode_op(message), Malformed)
+
+
+def test_a_malformed_or_unknown_reply_is_malformed() -> None:
+    assert isinstance(worker_protocol.decode_reply({"type": "acp.result", "id": "1", "reply": "nope"}), Malformed)
+    bad = {"type": "acp.result", "id": "1", "reply": "leased", "fields": {"tag": 3}}
+    assert isinstance(worker_protocol.decode_reply(bad), Malformed)
+    bad = {"type": "acp.result", "id": "1", "reply": "connections", "fields": {"items": [{"worker": "w"}]}}
+    assert isinstance(worker_protocol.decode_reply(bad), Malformed)
+
+
+@pytest.mark.parametrize("op", SAMPLE_OPS, ids=lambda op: op.name)
+def test_a_reply_an_op_cannot_get_raises(op: Op) -> None:
+    for reply in SAMPLE_REPLIES:
+        if isinstance(reply, op.replies):
+            assert worker_protocol.expect(op, reply) is reply
+        else:
+            with pytest.raises(WorkerFailed) as failed:
+                worker_protocol.expect(op, reply)
+            assert failed.value.op == op.name and failed.value.reply is reply
+    for failure in (Internal(), UnknownOp(op.name), Malformed("x")):  # never expected by anyone
+        with pytest.raises(WorkerFailed, match=f"failed to handle {op.name}"):
+            worker_protocol.expect(op, failure)
+
+
+# -- two workers in one process ---------------------------------------------------------------
+
+
+class LinkedBus(Bus):
+    """A Bus whose messages go, through msgpack, to the other end of a pair."""
+
+    peer: LinkedBus
+
+    def ensure_listening(self) -> None:
+        pass
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        self.peer._dispatch(wire(message))
+
+
+@pytest.fixture
+def buses(monkeypatch: pytest.MonkeyPatch) -> tuple[LinkedBus, LinkedBus]:
+    """(caller, host): the caller's replies come back to it, the host serves ops."""
+    caller, host = LinkedBus(), LinkedBus()
+    caller.peer, host.peer = host, caller
+    monkeypatch.setattr(gateway, "bus", caller)
+    return caller, host
+
+
+async def test_a_handler_that_raises_is_an_internal_reply_and_the_caller_raises(
+    buses: tuple[LinkedBus, LinkedBus],
+) -> None:
+    _, host = buses
+
+    async def broken(op: Submit) -> Reply:
+        raise RuntimeError("boom")
+
+    host.handle(Submit, broken)
+    handle = gateway.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE)
+    plan = InboundPlan(Single({"jsonrpc": "2.0", "id": 1, "method": "x"}), [("1", None)], [], None)
+    with pytest.raises(WorkerFailed, match="the connection's worker failed to handle submit"):
+        await handle.submit(plan)
+
+
+async def test_an_op_the_host_does_not_know_raises(buses: tuple[LinkedBus, LinkedBus]) -> None:
+    caller, _ = buses  # the host serves nothing: every op is unknown there
+    with pytest.raises(WorkerFailed) as failed:
+        await caller.call("0123456789ab", Probe("x"), timeout=5)
+    assert failed.value.reply == UnknownOp("probe")
+
+
+async def test_a_handler_answering_what_its_op_cannot_get_is_internal(buses: tuple[LinkedBus, LinkedBus]) -> None:
+    caller, host = buses
+
+    async def confused(op: Probe) -> Reply:
+        return Submitted()
+
+    host.handle(Probe, confused)
+    with pytest.raises(WorkerFailed) as failed:
+        await caller.call("0123456789ab", Probe("x"), timeout=5)
+    assert failed.value.reply == Internal()
+
+
+async def test_a_malformed_op_is_answered_and_the_inbox_goes_on(buses: tuple[LinkedBus, LinkedBus]) -> None:
+    _, host = buses
+    replies: list[dict[str, Any]] = []
+
+    async def capture(channel: str, message: dict[str, Any]) -> None:
+        replies.append(message)
+
+    host.send = capture  # type: ignore[method-assign]
+    host._dispatch({"type": "acp.op", "id": "x-1", "reply_to": "acp.worker.x", "op": "take", "args": {"lease": 1}})
+    host._dispatch({"type": "acp.op", "op": "take"})  # no reply channel: dropped, logged
+    host._dispatch({"type": "something else"})
+    await asyncio.sleep(0)  # the served op runs as a task
+    await asyncio.sleep(0)
+    assert [worker_protocol.decode_reply(reply) for reply in replies] == [
+        Malformed("take.lease: expected str, got int")
+    ]
+    assert replies[0]["id"] == "x-1"
+
+
+async def test_a_result_ready_at_once_needs_no_receipt_a_slow_one_gets_one(buses: tuple[LinkedBus, LinkedBus]) -> None:
+    caller, host = buses
+    sent: list[str] = []
+    something_sent = asyncio.Event()
+    real_send = host.send
+
+    async def counting(channel: str, message: dict[str, Any]) -> None:
+        sent.append(message["type"])
+        something_sent.set()
+        await real_send(channel, message)
+
+    host.send = counting  # type: ignore[method-assign]
+    release = asyncio.Event()
+
+    async def terminate(op: Terminate) -> Reply:
+        if op.connection == "slow":
+            await release.wait()
+        return Terminated()
+
+    host.handle(Terminate, terminate)
+    assert await caller.call("0123456789ab", Terminate("fast", ALICE), timeout=5, receipt=True) == Terminated()
+    assert sent == ["acp.result"]
+    sent.clear()
+    something_sent.clear()
+    slow = asyncio.ensure_future(caller.call("0123456789ab", Terminate("slow", ALICE), timeout=5, receipt=True))
+    await something_sent.wait()  # the receipt comes once the result is not ready at once
+    assert sent == ["acp.receipt"] and not slow.done()
+    release.set()
+    assert await slow == Terminated()
+    assert sent == ["acp.receipt", "acp.result"]
+
+
+REFUSALS: list[tuple[ErrorReply, type[Exception]]] = [
+    (UnknownConnection(), HostUnreachable),
+    (SessionRefused("no"), SessionHeaderError),
+    (TooManyPending(3), TooManyRequests),
+    (Busy(), StreamBusy),
+    (StreamsFull(2), TooManyStreams),
+    (ReplayRefused("gone", "t:1"), ReplayUnavailable),
+    (Closed(), AgentClosed),
+]
+
+
+@pytest.mark.parametrize(("refusal", "raised"), REFUSALS, ids=lambda value: getattr(value, "name", ""))
+async def test_every_refusal_is_raised_as_a_local_host_raises_it(
+    buses: tuple[LinkedBus, LinkedBus], refusal: ErrorReply, raised: type[Exception]
+) -> None:
+    _, host = buses
+
+    async def refuse(op: Any) -> Reply:
+        return refusal
+
+    for op in OPS.values():
+        host.handle(op, refuse)
+    handle = gateway.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE)
+    plan = InboundPlan(Single({"jsonrpc": "2.0", "id": 1, "method": "x"}), [("1", None)], [], None)
+    calls = {
+        Submit: lambda: handle.submit(plan),
+        ReplyFromTransport: lambda: handle.reply_from_transport("{}"),
+        Lease: lambda: handle.lease("s1"),
+        LeaseSocket: lambda: handle.attach_socket(0),
+        Terminate: handle.terminate,
+    }
+    tried = 0
+    for op_type, call in calls.items():
+        if type(refusal) in op_type.replies:
+            tried += 1
+            with pytest.raises(raised):
+                await call()
+        else:  # a refusal the op cannot get is a failure of the host's worker, not a refusal
+            with pytest.raises(WorkerFailed):
+                await call()
+    assert tried
+
+
+async def test_a_refused_reply_detail_survives(buses: tuple[LinkedBus, LinkedBus]) -> None:
+    _, host = buses
+
+    async def refuse(op: Lease) -> Reply:
+        return ReplayRefused("foreign", "zz:9")
+
+    host.handle(Lease, refuse)
+    with pytest.raises(ReplayUnavailable) as refused:
+        await gateway.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE).lease("s1", "zz:9")
+    assert (refused.value.reason, refused.value.event_id) == ("foreign", "zz:9")
