@@ -30,8 +30,11 @@ answer are re-exported below.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+from collections import deque
+from collections.abc import Awaitable
 from typing import Any, Literal, NoReturn, Protocol, TypeVar
 
 from acp_channels import protocol
@@ -72,8 +75,11 @@ from acp_channels.worker import (
     worker_timeout,
 )
 from acp_channels.worker_protocol import (
+    ACK_DELAY,
+    PUSH_CREDIT_BATCHES,
+    PUSH_CREDIT_BYTES,
+    Acknowledge,
     Alive,
-    Batch,
     Busy,
     Closed,
     ConnectionEnded,
@@ -81,11 +87,15 @@ from acp_channels.worker_protocol import (
     EndConnection,
     Ended,
     ErrorReply,
+    KeepAlive,
+    Kept,
     Lease,
     Leased,
     LeaseSocket,
     ListConnections,
     Probe,
+    Pushed,
+    PushEnded,
     Release,
     ReplayRefused,
     Replied,
@@ -98,7 +108,6 @@ from acp_channels.worker_protocol import (
     Submit,
     SubmitOnSocket,
     Submitted,
-    Take,
     Terminate,
     Terminated,
     TooManyPending,
@@ -362,64 +371,144 @@ class RemoteHandle:
         return f"{WORKER_ID}-{next(_lease_ids)}"
 
     async def lease(self, key: StreamKey, resume: str | None = None) -> StreamReader:
-        lease_id = self._new_lease()
-        op = Lease(self.connection_id, self.principal, lease_id, WORKER_ID, key, resume)
+        reader = RemoteStream(self.worker_id, self._new_lease())
+        op = Lease(self.connection_id, self.principal, reader.lease_id, WORKER_ID, key, resume)
         # The answer may wait for a probe of a stale reader.
-        leased = await self._call(op, 2 * worker_timeout(), Leased)
-        _active_readers.add(lease_id)
-        return RemoteStream(self.worker_id, lease_id, leased.tag)
+        leased = await reader.leasing(self._call(op, 2 * worker_timeout(), Leased))
+        reader.tag = leased.tag
+        return reader
 
     async def attach_socket(self, last_seq: int) -> SocketAttachment:
-        lease_id = self._new_lease()
-        op = LeaseSocket(self.connection_id, self.principal, lease_id, WORKER_ID, last_seq)
-        leased = await self._call(op, 2 * worker_timeout(), SocketLeased)
-        _active_readers.add(lease_id)
-        return RemoteSocket(self, lease_id, leased.received)
+        socket = RemoteSocket(self, self._new_lease())
+        op = LeaseSocket(self.connection_id, self.principal, socket.lease_id, WORKER_ID, last_seq)
+        leased = await socket.leasing(self._call(op, 2 * worker_timeout(), SocketLeased))
+        socket.received = leased.received
+        return socket
 
     async def terminate(self) -> None:
         await self._call(Terminate(self.connection_id, self.principal), TERMINATE_TIMEOUT, Terminated)
 
 
 class RemoteStream:
-    """An SSE reader's lease on a stream hosted by another worker: pulls batches, acknowledging
-    each one with the next pull."""
+    """An SSE reader's lease on a stream hosted by another worker. The host pushes batches
+    (up to PUSH_CREDIT_* ahead); the reader acknowledges what it wrote (coalesced: at half its
+    credit, else ACK_DELAY after the last batch) and, while idle, calls KeepAlive every
+    TAKE_WAIT, which also finds out a host whose worker died (HostUnreachable, by heartbeat)."""
 
-    def __init__(self, worker_id: str, lease_id: str, tag: str) -> None:
+    def __init__(self, worker_id: str, lease_id: str, tag: str = "") -> None:
         self.worker_id = worker_id
         self.lease_id = lease_id
         self.tag = tag
+        #: The batch handed out last; `written` and `acked` follow it.
+        self.returned = 0
+        self._returned_bytes = 0
+        self.written = 0
         self.acked = 0
+        self._unacked_bytes = 0
+        self._batches: deque[Pushed] = deque()
+        self._end: PushEnded | None = None
+        self._arrived = asyncio.Event()
+        self._ack_timer: asyncio.TimerHandle | None = None
         #: Why `take` returned None.
         self.end_reason: SocketEnd = "ended"
+        # Before the lease is asked for: the host may push before its answer arrives.
+        bus.receive_pushes(lease_id, self._on_push)
+
+    async def leasing(self, call: Awaitable[R]) -> R:
+        """The lease call's answer; on a refusal (or any failure) this reader is dropped."""
+        try:
+            result = await call
+        except BaseException:
+            bus.receive_pushes(self.lease_id, None)
+            raise
+        _active_readers.add(self.lease_id)
+        return result
+
+    def _on_push(self, push: Pushed | PushEnded) -> None:
+        if isinstance(push, PushEnded):
+            self._end = push
+        else:
+            self._batches.append(push)
+        self._arrived.set()
 
     async def take(self, timeout: float | None) -> Delivery | None:
+        self._wrote(self.returned)  # coming back: the batch handed out last is written
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        keep_alive_at = loop.time() + TAKE_WAIT
         while not lifecycle.draining:  # a draining worker ends the streams it serves
-            wait = TAKE_WAIT if deadline is None else max(0.0, min(TAKE_WAIT, deadline - loop.time()))
-            try:
-                reply = await bus.call(
-                    self.worker_id, Take(self.lease_id, self.acked, wait), timeout=wait + worker_timeout()
-                )
-            except Exception:  # HostUnreachable, LayerUnavailable, WorkerFailed: the stream ends
-                self.end_reason = "gone"
+            if self._batches:
+                batch = self._batches.popleft()
+                self.returned = batch.seq
+                self._returned_bytes = sum(map(len, batch.items))
+                return Delivery(list(batch.items), batch.first)
+            if self._end is not None:
+                reason = self._end.reason
+                self.end_reason = "taken" if reason == "taken" else "lost" if reason else "ended"
                 return None
-            if isinstance(reply, Ended):
-                self.end_reason = "taken" if reply.reason == "taken" else "lost" if reply.reason else "ended"
-                return None
-            assert isinstance(reply, Batch)
-            self.acked = reply.seq
-            if reply.items or (deadline is not None and loop.time() >= deadline):
-                return Delivery(list(reply.items), reply.first)
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                return Delivery([], 0)
+            if now >= keep_alive_at:
+                if not await self._keep_alive():
+                    return None
+                keep_alive_at = loop.time() + TAKE_WAIT
+                continue
+            self._arrived.clear()
+            wait = keep_alive_at - now if deadline is None else min(keep_alive_at, deadline) - now
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):  # not wait_for: see Bus._reply_from
+                    await self._arrived.wait()
         self.end_reason = "draining"
         return None
+
+    async def _keep_alive(self) -> bool:
+        """Tell the host this reader is still here (and what it wrote); False: the stream ends."""
+        self._cancel_ack_timer()
+        try:
+            reply = await bus.call(self.worker_id, KeepAlive(self.lease_id, self.written), timeout=worker_timeout())
+        except Exception:  # HostUnreachable, LayerUnavailable, WorkerFailed: the stream ends
+            self.end_reason = "gone"
+            return False
+        if isinstance(reply, Ended):
+            self._batches.clear()  # the host took them back for the next reader
+            self.end_reason = "taken" if reply.reason == "taken" else "lost"
+            return False
+        self.acked = max(self.acked, self.written)
+        self._unacked_bytes = 0
+        return True
+
+    def _wrote(self, seq: int) -> None:
+        if seq <= self.written:
+            return
+        self.written = seq
+        self._unacked_bytes += self._returned_bytes
+        self._returned_bytes = 0
+        if seq - self.acked >= PUSH_CREDIT_BATCHES // 2 or self._unacked_bytes >= PUSH_CREDIT_BYTES // 2:
+            self._acknowledge()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._acknowledge)
+
+    def _acknowledge(self) -> None:
+        self._cancel_ack_timer()
+        if self.written > self.acked and self.lease_id in _active_readers:
+            self.acked = self.written
+            self._unacked_bytes = 0
+            bus.post(self.worker_id, Acknowledge(self.lease_id, self.written))
+
+    def _cancel_ack_timer(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
 
     def release(self, end: EndReason | None = None) -> None:
         """Give the lease back (the last batch taken was written). With `end`, the host ends the
         connection if this lease still holds its socket."""
+        self._cancel_ack_timer()
+        bus.receive_pushes(self.lease_id, None)
         if self.lease_id in _active_readers:
             _active_readers.discard(self.lease_id)
-            bus.post(self.worker_id, Release(self.lease_id, self.acked, end))
+            bus.post(self.worker_id, Release(self.lease_id, self.returned, end))
 
 
 class RemoteSocket(RemoteStream):
@@ -427,10 +516,10 @@ class RemoteSocket(RemoteStream):
     socket outbox, and the client's messages sent with it (the host drops them once the lease
     no longer holds the socket)."""
 
-    def __init__(self, handle: RemoteHandle, lease_id: str, received: int) -> None:
-        super().__init__(handle.worker_id, lease_id, "")
+    def __init__(self, handle: RemoteHandle, lease_id: str) -> None:
+        super().__init__(handle.worker_id, lease_id)
         self.handle = handle
-        self.received = received
+        self.received = 0
 
     async def send_to_agent(self, text: str) -> None:
         handle = self.handle
@@ -445,7 +534,9 @@ class RemoteSocket(RemoteStream):
 
 
 class LeaseOnHost:
-    """The host side of a remote reader's lease: the batch in flight until acknowledged."""
+    """The host side of a remote reader's lease: pushes the stream's batches to the reader's
+    worker and keeps those not acknowledged yet, which go back to the stream, in order, when
+    the lease ends (the reader's worker died, or it released the lease before writing them)."""
 
     def __init__(self, lease_id: str, reader_worker: str, mailbox: Mailbox, host: ConnectionHost) -> None:
         """Not holding the stream yet: the caller acquires it with this as the holder, then
@@ -454,15 +545,18 @@ class LeaseOnHost:
         self.reader_worker = reader_worker
         self.mailbox = mailbox
         self.host = host
-        self.in_flight = Delivery([], 0)
+        self.unacked: deque[tuple[int, Delivery]] = deque()
+        self.unacked_bytes = 0
         self.seq = 0
-        self.taking = False
         self.ended = False
+        self._room = asyncio.Event()
+        self._pump: asyncio.Task[None] | None = None
         self._expiry: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         _leases_on_host[self.lease_id] = self
         self._arm()
+        self._pump = asyncio.get_running_loop().create_task(self._push(), name=f"acp-push-{self.lease_id}")
 
     @property
     def holding(self) -> bool:
@@ -470,34 +564,42 @@ class LeaseOnHost:
         return self.mailbox.holder is self
 
     def acknowledge(self, seq: int) -> None:
-        if seq == self.seq and self.in_flight:
-            self.in_flight = Delivery([], 0)
-            if self.holding:
-                self.mailbox.settle()  # written on the reader's side: it stops counting
-
-    async def take(self, wait: float, ack: int) -> Batch | Ended:
-        self.acknowledge(ack)
-        if self.in_flight:  # the reader did not get the last batch: send it again
-            return Batch(tuple(self.in_flight), self.in_flight.first_seq, self.seq)
-        self._disarm()
-        self.taking = True
-        try:
-            items = await self.mailbox.take(wait, MAX_TAKE_BYTES, holder=self)
-        finally:
-            self.taking = False
-        if self.ended and items:  # released while we waited: these items belong to the next reader
-            if self.holding:
-                self.mailbox.requeue(items)
-            return Ended()
-        if items is None or self.ended:
-            taken = not self.ended and not self.holding
-            self.end()
-            return Ended("taken") if taken else Ended()
+        """The reader wrote the batches up to `seq` (and is alive)."""
+        if self.ended:
+            return
+        while self.unacked and self.unacked[0][0] <= seq:
+            _, items = self.unacked.popleft()
+            self.unacked_bytes -= sum(map(len, items))
+        if self.holding:
+            self.mailbox.settle()  # written on the reader's side: they stop counting
+        self._room.set()
         self._arm()
-        if items:
-            self.seq += 1
-            self.in_flight = items
-        return Batch(tuple(items), items.first_seq, self.seq)
+
+    async def _push(self) -> None:
+        try:
+            while True:
+                while len(self.unacked) >= PUSH_CREDIT_BATCHES or self.unacked_bytes >= PUSH_CREDIT_BYTES:
+                    self._room.clear()
+                    await self._room.wait()
+                room = max(1, PUSH_CREDIT_BYTES - self.unacked_bytes)
+                items = await self.mailbox.take(None, min(room, MAX_TAKE_BYTES), holder=self, settle=False)
+                if items is None:  # the stream ended (closed and drained), or another reader took it
+                    taken = not self.holding
+                    await bus.push(self.reader_worker, PushEnded(self.lease_id, "taken" if taken else None))
+                    if taken:
+                        self.end()
+                    return  # else the lease stays until the reader releases it (or goes silent)
+                if not items:
+                    continue
+                self.seq += 1
+                self.unacked.append((self.seq, items))  # first: a failed push gives them back
+                self.unacked_bytes += sum(map(len, items))
+                await bus.push(self.reader_worker, Pushed(self.lease_id, self.seq, items.first_seq, tuple(items)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the layer is down: the reader cannot be reached
+            logger.warning("lease %s: pushing to worker %s failed: %s", self.lease_id, self.reader_worker, error)
+            self.end()
 
     def end(self) -> None:
         """Release the stream; whatever was not acknowledged goes back for the next reader
@@ -506,24 +608,25 @@ class LeaseOnHost:
             return
         self.ended = True
         self._disarm()
+        if self._pump is not None and self._pump is not asyncio.current_task():
+            self._pump.cancel()
         _leases_on_host.pop(self.lease_id, None)
         if self.holding:
-            self.mailbox.requeue(self.in_flight)
+            unacked = [item for _, items in self.unacked for item in items]
+            if unacked:
+                self.mailbox.requeue(unacked)
             self.mailbox.release(self)
-        self.in_flight = Delivery([], 0)
+        self.unacked.clear()
+        self.unacked_bytes = 0
 
     def _arm(self) -> None:
         self._disarm()
-        self._expiry = asyncio.get_running_loop().call_later(lease_idle_limit(), self._expire)
+        self._expiry = asyncio.get_running_loop().call_later(lease_idle_limit(), self.end)
 
     def _disarm(self) -> None:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-
-    def _expire(self) -> None:
-        if not self.taking:
-            self.end()
 
 
 _leases_on_host: dict[str, LeaseOnHost] = {}
@@ -633,11 +736,18 @@ async def serve_lease_socket(op: LeaseSocket) -> Reply:
     return SocketLeased(received)
 
 
-async def serve_take(op: Take) -> Reply:
+async def serve_acknowledge(op: Acknowledge) -> None:
+    lease = _leases_on_host.get(op.lease)
+    if lease is not None:
+        lease.acknowledge(op.seq)
+
+
+async def serve_keep_alive(op: KeepAlive) -> Reply:
     lease = _leases_on_host.get(op.lease)
     if lease is None:
         return Ended("lost")
-    return await lease.take(op.wait, op.ack)
+    lease.acknowledge(op.seq)
+    return Kept()
 
 
 async def serve_release(op: Release) -> None:
@@ -678,7 +788,8 @@ bus.handle(SubmitOnSocket, serve_submit_on_socket)
 bus.handle(ReplyFromTransport, serve_reply)
 bus.handle(Lease, serve_lease)
 bus.handle(LeaseSocket, serve_lease_socket)
-bus.handle(Take, serve_take)
+bus.handle(Acknowledge, serve_acknowledge)
+bus.handle(KeepAlive, serve_keep_alive)
 bus.handle(Release, serve_release)
 bus.handle(Terminate, serve_terminate)
 bus.handle(Probe, serve_probe)

@@ -398,17 +398,20 @@ class Mailbox:
             self._sent_bytes = self._in_flight = self._in_flight_count = 0
 
     async def take(
-        self, timeout: float | None, max_bytes: int = TAKE_BYTES, holder: object | None = None
+        self, timeout: float | None, max_bytes: int = TAKE_BYTES, holder: object | None = None, *, settle: bool = True
     ) -> Delivery | None:
         """The next batch (at least one item, up to about `max_bytes`), waiting up to `timeout`.
 
-        The reader coming back means its previous batch is written: that one stops counting.
-        Returns an empty batch on timeout (time for a keep-alive) and None once the mailbox is
-        closed and drained (the stream ends), or once `holder` lost the lease to another reader.
+        The reader coming back means its previous batch is written: that one stops counting
+        (unless `settle` is False: a reader with several batches in flight calls `settle` once
+        they are written). Returns an empty batch on timeout (time for a keep-alive) and None
+        once the mailbox is closed and drained (the stream ends), or once `holder` lost the
+        lease to another reader.
         """
         if holder is not None and holder is not self._holder:
             return None
-        self.settle()
+        if settle:
+            self.settle()
         if not self._items and not self.closed:
             self._wakeup.clear()
             # asyncio.timeout, not wait_for (which can swallow a cancellation on Python 3.11).
@@ -429,8 +432,8 @@ class Mailbox:
         self._sent.extend(items)
         self._sent_bytes += size
         self._head_seq += len(items)
-        self._in_flight = size
-        self._in_flight_count = len(items)
+        self._in_flight += size  # 0 before, unless batches in flight are not settled yet
+        self._in_flight_count += len(items)
         self.last_read = asyncio.get_running_loop().time()
         return Delivery(items, first_seq)
 
@@ -474,11 +477,11 @@ class SocketOutbox(Mailbox):
             self._on_detach()
 
     async def take(
-        self, timeout: float | None, max_bytes: int = TAKE_BYTES, holder: object | None = None
+        self, timeout: float | None, max_bytes: int = TAKE_BYTES, holder: object | None = None, *, settle: bool = True
     ) -> Delivery | None:
         if holder is self.first_holder:
             self._first_took = True
-        return await super().take(timeout, max_bytes, holder)
+        return await super().take(timeout, max_bytes, holder, settle=settle)
 
     def writer_never_started(self) -> None:
         """The first socket is gone before its writer took anything: nobody will read."""

@@ -14,7 +14,10 @@ Messages (msgpack-able dicts, as the channel layer wants them):
   answer, heartbeat gone) from a slow one (receipt, then the result later);
 - `{"type": "acp.result", "id", "reply": <name>, "fields": {...}}` the answer;
 - `{"type": "acp.push", "lease", "seq", "first", "items"}` / `{"type": "acp.push", "lease",
-  "end": <reason>}` batches a host sends unasked to a remote reader (`Pushed`, `PushEnded`).
+  "end": true, "reason"}` the batches of a stream a host sends unasked to its reader on
+  another worker (`Pushed`, `PushEnded`), at most PUSH_CREDIT_BATCHES / PUSH_CREDIT_BYTES
+  ahead of the reader's acknowledgements; whatever is not acknowledged when the lease ends
+  goes back to the stream, in order, for the next reader.
 
 An op's fields and a reply's fields travel under their own key (`args`, `fields`), so nothing a
 handler returns can overwrite the envelope (`id`, `type`).
@@ -31,8 +34,8 @@ Ops (wire name): fields -> replies (the ErrorReply ones are refusals the caller 
   Closed
 - `LeaseSocket` (lease-socket): connection, principal, lease, reader, resume (a count) ->
   SocketLeased(received); UnknownConnection, Busy, ReplayRefused(reason, event), Closed
-- `Take` (take): lease, ack, wait -> Batch(items, first, seq) | Ended(reason)
-- `Acknowledge` (ack): lease, seq -> Kept | Ended(reason); also an idle reader's keep-alive
+- `Acknowledge` (ack): lease, seq (the pushed batches written so far) -> no reply
+- `KeepAlive` (keep-alive): lease, seq -> Kept | Ended(reason)
 - `Release` (release): lease, ack, close (an end reason for the connection) -> no reply
 - `Terminate` (terminate): connection, principal -> Terminated; UnknownConnection
 - `Probe` (probe): lease -> Alive(alive)
@@ -59,6 +62,12 @@ from acp_channels.protocol import StreamKey
 
 #: A callee answers with a receipt first when its result is not ready within this long.
 RECEIPT_AFTER: Final = 0.02
+#: Batches a host pushes to a remote reader ahead of its acknowledgements...
+PUSH_CREDIT_BATCHES: Final = 8
+#: ...and bytes (this much of a stream's output may be outside its connection's budget).
+PUSH_CREDIT_BYTES: Final = 1024 * 1024
+#: A reader acknowledges what it wrote at half its credit, or after this long.
+ACK_DELAY: Final = 0.05
 
 Kind = Literal["acp.op", "acp.receipt", "acp.result", "acp.push"]
 
@@ -154,16 +163,6 @@ class Leased(Reply):
 class SocketLeased(Reply):
     #: Client messages the host had received on the connection's sockets.
     received: int
-
-
-@message("batch")
-@dataclass(frozen=True, slots=True)
-class Batch(Reply):
-    items: tuple[str, ...]
-    #: The stream number of items[0].
-    first: int
-    #: The batch's number in its lease (acknowledged by number).
-    seq: int
 
 
 @message("ended")
@@ -334,22 +333,25 @@ class LeaseSocket(Op):
     replies = (SocketLeased, UnknownConnection, Busy, ReplayRefused, Closed)
 
 
-@message("take")
-@dataclass(frozen=True, slots=True)
-class Take(Op):
-    lease: str
-    #: The last batch written by the reader.
-    ack: int
-    wait: float
-    replies = (Batch, Ended)
-
-
 @message("ack")
 @dataclass(frozen=True, slots=True)
 class Acknowledge(Op):
-    """Batches up to `seq` are written; also the idle reader's keep-alive."""
+    """The reader wrote the pushed batches up to `seq` (no reply: acknowledgements are
+    coalesced and sent unasked)."""
 
     lease: str
+    seq: int
+    replies = ()
+
+
+@message("keep-alive")
+@dataclass(frozen=True, slots=True)
+class KeepAlive(Op):
+    """An idle reader's periodic call: it still reads (the host keeps its lease), and the
+    host's worker is alive (the call is answered, or its heartbeat says otherwise)."""
+
+    lease: str
+    #: What the reader wrote so far (an acknowledgement too).
     seq: int
     replies = (Kept, Ended)
 

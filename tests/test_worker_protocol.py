@@ -23,7 +23,6 @@ from acp_channels.worker_protocol import (
     REPLIES,
     Acknowledge,
     Alive,
-    Batch,
     Busy,
     Closed,
     ConnectionEnded,
@@ -32,6 +31,7 @@ from acp_channels.worker_protocol import (
     Ended,
     ErrorReply,
     Internal,
+    KeepAlive,
     Kept,
     Lease,
     Leased,
@@ -54,7 +54,6 @@ from acp_channels.worker_protocol import (
     Submit,
     SubmitOnSocket,
     Submitted,
-    Take,
     Terminate,
     Terminated,
     TooManyPending,
@@ -74,7 +73,7 @@ SAMPLE_OPS: list[Op] = [
     Lease("c1", ALICE, "lease-1", "0123456789ab", "s1", "tag:4"),
     Lease("c1", ALICE, "lease-2", "0123456789ab", None, None),
     LeaseSocket("c1", ALICE, "lease-3", "0123456789ab", 17),
-    Take("lease-1", 3, 2.5),
+    KeepAlive("lease-1", 3),
     Acknowledge("lease-1", 4),
     Release("lease-1", 4, "socket closed"),
     Release("lease-1", 0),
@@ -89,8 +88,6 @@ SAMPLE_REPLIES: list[Reply] = [
     Replied(),
     Leased("ab12cd34"),
     SocketLeased(5),
-    Batch(("a", "b"), 7, 2),
-    Batch((), 1, 0),
     Ended(),
     Ended("taken"),
     Kept(),
@@ -161,14 +158,14 @@ def test_an_unknown_op_is_an_unknown_op_reply() -> None:
     [
         None,
         [],
-        {"lease": "x", "ack": 1},  # wait missing
-        {"lease": "x", "ack": "1", "wait": 1.0},  # a string for an int
-        {"lease": "x", "ack": True, "wait": 1.0},  # a bool is not a count
-        {"lease": 5, "ack": 1, "wait": 1.0},
+        {"lease": "x"},  # seq missing
+        {"lease": "x", "seq": "1"},  # a string for an int
+        {"lease": "x", "seq": True},  # a bool is not a count
+        {"lease": 5, "seq": 1},
     ],
 )
 def test_a_malformed_op_is_a_malformed_reply(args: Any) -> None:
-    message = {"type": "acp.op", "id": "w-1", "reply_to": "acp.worker.w", "op": "take", "args": args}
+    message = {"type": "acp.op", "id": "w-1", "reply_to": "acp.worker.w", "op": "keep-alive", "args": args}
     decoded = worker_protocol.decode_op(message)
     assert isinstance(decoded, Malformed), decoded
 
@@ -288,13 +285,15 @@ async def test_a_malformed_op_is_answered_and_the_inbox_goes_on(buses: tuple[Lin
         replies.append(message)
 
     host.send = capture  # type: ignore[method-assign]
-    host._dispatch({"type": "acp.op", "id": "x-1", "reply_to": "acp.worker.x", "op": "take", "args": {"lease": 1}})
-    host._dispatch({"type": "acp.op", "op": "take"})  # no reply channel: dropped, logged
+    host._dispatch(
+        {"type": "acp.op", "id": "x-1", "reply_to": "acp.worker.x", "op": "keep-alive", "args": {"lease": 1}}
+    )
+    host._dispatch({"type": "acp.op", "op": "keep-alive"})  # no reply channel: dropped, logged
     host._dispatch({"type": "something else"})
     await asyncio.sleep(0)  # the served op runs as a task
     await asyncio.sleep(0)
     assert [worker_protocol.decode_reply(reply) for reply in replies] == [
-        Malformed("take.lease: expected str, got int")
+        Malformed("keep-alive.lease: expected str, got int")
     ]
     assert replies[0]["id"] == "x-1"
 
