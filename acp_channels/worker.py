@@ -441,14 +441,19 @@ class Bus:
             logger.warning("could not serve an op: %s", describe(op))
             await self._reply(reply_to, encode_reply(request_id, op))
             return
-        task = asyncio.ensure_future(self._run(op))
+        receipt: asyncio.TimerHandle | None = None
         if message.get("receipt") is True:
             # The result alone when it is ready at once; a receipt first when it is not, so the
-            # caller tells a slow worker from a dead one.
-            done, _ = await asyncio.wait({task}, timeout=RECEIPT_AFTER)
-            if not done:
-                await self._reply(reply_to, encode_receipt(request_id))
-        reply = await task
+            # caller tells a slow worker from a dead one. (A receipt that arrives after the
+            # result is ignored: the result counts as one.)
+            receipt = asyncio.get_running_loop().call_later(
+                RECEIPT_AFTER, lambda: self._spawn(self._reply(reply_to, encode_receipt(request_id)))
+            )
+        try:
+            reply = await self._run(op)
+        finally:
+            if receipt is not None:
+                receipt.cancel()
         if reply is not None:
             await self._reply(reply_to, encode_reply(request_id, reply))
 

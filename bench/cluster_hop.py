@@ -87,11 +87,11 @@ async def commands_per_turn(cluster: Any, factory: Any) -> dict[str, Any]:
 
 
 async def run(label: str, code: Path) -> dict[str, Any]:
-    os.environ["BENCH_CODE_ROOT"] = str(code)
     from bench.client import HttpAcp
     from bench.run import cluster_layouts, log
-    from bench.servers import Cluster
+    from bench.servers import CODE_ROOT, Cluster
 
+    assert code == CODE_ROOT, (code, CODE_ROOT)
     cluster = Cluster()
     cluster.start()
     try:
@@ -99,7 +99,14 @@ async def run(label: str, code: Path) -> dict[str, Any]:
         a, b, c = (cluster.worker_url(i) for i in range(3))
         for name, factory in (("same", lambda: HttpAcp(a)), ("cross", lambda: HttpAcp(a, post_url=c, stream_url=b))):
             if "error" not in layouts.get(name, {"error": ""}):
-                layouts[name]["redis"] = await commands_per_turn(cluster, factory)
+                try:
+                    layouts[name]["redis"] = await commands_per_turn(cluster, factory)
+                except Exception as error:
+                    layouts[name]["redis"] = {"error": f"{type(error).__name__}: {error}"}
+                    log(f"  {name}: counting FAILED: {error}")
+                    for worker in cluster.workers:
+                        log(f"  {worker.name} log tail:\n" + "".join(worker.log[-20:]))
+                    continue
                 log(f"  {name}: {layouts[name]['redis']['total']} Redis commands per echo turn")
     finally:
         cluster.stop()
@@ -169,6 +176,8 @@ def main() -> None:
     args = parser.parse_args()
     stored: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if not args.render:
+        # Before bench.servers is imported: it reads where the servers' code is at import.
+        os.environ["BENCH_CODE_ROOT"] = str(Path(args.code).resolve())
         from bench.run import LOADGEN_CPU
 
         os.sched_setaffinity(0, {LOADGEN_CPU})
