@@ -92,6 +92,7 @@ async def run(label: str, code: Path) -> dict[str, Any]:
     from bench.servers import CODE_ROOT, Cluster
 
     assert code == CODE_ROOT, (code, CODE_ROOT)
+    load_before = os.getloadavg()[0]
     cluster = Cluster()
     cluster.start()
     try:
@@ -118,6 +119,8 @@ async def run(label: str, code: Path) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "sizes": SIZES,
         "layouts": layouts,
+        #: 1-minute load average at the start and the end (2 cores: above 2, other work competed).
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "server_errors": errors,
     }
 
@@ -143,7 +146,9 @@ def render(stored: dict[str, Any]) -> str:
         "|---|--:|--:|--:|",
     ]
     for label, entry in stored.items():
-        name = f"{label} ({entry['commit']}, {entry['date']})"
+        load = entry.get("load_average")
+        shown_load = f", load {load[0]:.1f}→{load[1]:.1f}" if load else ""
+        name = f"{label} ({entry['commit']}, {entry['date']}{shown_load})"
         layouts = entry["layouts"]
         for layout in ("same", "cross"):
             done = layouts.get(layout, {})
