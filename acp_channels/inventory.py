@@ -56,13 +56,13 @@ class ConnectionInfo:
 def local_connections() -> list[ConnectionInfo]:
     """The connections this process hosts, oldest first (needs the running event loop)."""
     from acp_channels.host import registry
-    from acp_channels.worker import WORKER_ID
 
     now = asyncio.get_running_loop().time()
     infos = [
         ConnectionInfo(
             connection_id=host.connection_id,
-            worker=WORKER_ID,
+            # The id's suffix (not worker.WORKER_ID: the cross-worker protocol imports this module).
+            worker=host.connection_id.rpartition(".")[2],
             principal=str(host.principal),
             transport=host.transport,
             sessions=host.session_streams,

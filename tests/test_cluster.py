@@ -7,7 +7,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from channels_redis.core import RedisChannelLayer
 
+from acp_channels import gateway, worker
 from tests.cluster import Cluster, RedisServer
 from tests.live import initialize, open_sse, post, rpc
 
@@ -69,3 +71,41 @@ async def test_a_worker_that_fails_to_handle_a_post_is_500_not_202(cluster: Clus
     response = await post(http, b, rpc(2, "custom/echo"), connection_id)
     assert response.status_code == 500
     assert response.text == "the connection's worker failed to handle submit"
+
+
+@pytest.fixture
+def cluster_bus(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[worker.Bus]:
+    """This test process as one more worker of the cluster (its own inbox and heartbeat), the
+    way a management command reaches the workers."""
+    prefix = cluster.workers[0].env["ACP_REDIS_PREFIX"]
+    bus = worker.Bus()
+    bus._layer = RedisChannelLayer(hosts=[cluster.redis.url], prefix=prefix, channel_capacity={"acp.worker.*": 10000})
+    bus._inbox = worker.RedisInbox.for_layer(bus._layer)
+    monkeypatch.setattr(gateway, "bus", bus)
+    yield bus
+
+
+async def test_the_cluster_view_lists_and_ends_connections_on_every_worker(
+    cluster: Cluster, cluster_bus: worker.Bus, http: httpx.AsyncClient
+) -> None:
+    a, b, _ = (server.url for server in cluster.workers)
+    on_a, on_b = await initialize(http, a), await initialize(http, b)
+    connections, silent = await gateway.cluster_connections()
+    assert silent == []
+    listed = {info.connection_id: info for info in connections}
+    assert {on_a, on_b} <= listed.keys()
+    for connection_id in (on_a, on_b):
+        info = listed[connection_id]
+        assert info.worker == connection_id.rpartition(".")[2]
+        assert (info.transport, info.principal) == ("http", "anonymous")
+    assert len({listed[on_a].worker, listed[on_b].worker}) == 2
+    assert len(await cluster_bus.heartbeat.live_workers()) == 4  # three workers and this process
+
+    assert await gateway.end_connection(on_a)  # no principal: administrative
+    assert (await post(http, b, rpc(1, "custom/echo"), on_a)).status_code == 404
+    assert await gateway.end_connection(on_a) is False  # gone now
+    assert await gateway.end_connection("not-a-connection") is False
+    connections, _ = await gateway.cluster_connections()
+    assert on_a not in {info.connection_id for info in connections}
+    assert on_b in {info.connection_id for info in connections}
+    await cluster_bus.stop()
