@@ -466,7 +466,9 @@ class RemoteStream:
         """Tell the host this reader is still here (and what it wrote); False: the stream ends."""
         self._cancel_ack_timer()
         try:
-            reply = await bus.call(self.worker_id, KeepAlive(self.lease_id, self.written), timeout=worker_timeout())
+            # With a receipt: a host worker that is slow but alive (heartbeat) is waited for.
+            op = KeepAlive(self.lease_id, self.written)
+            reply = await bus.call(self.worker_id, op, timeout=worker_timeout(), receipt=True)
         except Exception:  # HostUnreachable, LayerUnavailable, WorkerFailed: the stream ends
             self.end_reason = "gone"
             return False
