@@ -241,18 +241,25 @@ async def test_locate_finds_a_connection_for_its_owner_only(wire_agent: None) ->
         assert gateway.locate(host.connection_id, BOB) is None
         assert gateway.locate(host.connection_id, ANONYMOUS) is None
         # On the host's worker, the ops other workers send (the cluster path).
-        base = {"connection": host.connection_id}
-        for serve, extra in (
-            (gateway.serve_submit, {"text": "{}", "routes": [], "sessions": [], "header": None}),
-            (gateway.serve_reply, {"text": "{}"}),
-            (gateway.serve_lease, {"stream": None, "lease": "l-1", "reader": "w"}),
-            (gateway.serve_terminate, {}),
-        ):
-            for caller in (BOB.to_wire(), ANONYMOUS.to_wire(), None, "junk"):
-                message = {**base, **extra} if caller is None else {**base, **extra, "principal": caller}
-                assert await serve(message) == {"error": "unknown"}, (serve.__name__, caller)
+        from acp_channels import worker_protocol as wire
+
+        connection = host.connection_id
+        for caller in (BOB, ANONYMOUS):
+            for serve, op in (
+                (gateway.serve_submit, wire.Submit(connection, caller, "{}", (), (), None)),
+                (gateway.serve_reply, wire.ReplyFromTransport(connection, caller, "{}")),
+                (gateway.serve_lease, wire.Lease(connection, caller, "l-1", "w", None, None)),
+                (gateway.serve_lease_socket, wire.LeaseSocket(connection, caller, "l-2", "w", 0)),
+                (gateway.serve_terminate, wire.Terminate(connection, caller)),
+            ):
+                assert await serve(op) == wire.UnknownConnection(), (serve.__name__, caller)
+        # A caller that names no principal (or not one) owns nothing: the op is not even read.
+        for principal in (None, "junk", ["user"]):
+            args = {"connection": connection, **({} if principal is None else {"principal": principal})}
+            message = {"type": "acp.op", "id": "x", "reply_to": "r", "op": "terminate", "args": args}
+            assert isinstance(wire.decode_op(message), wire.Malformed)
         assert not host.ended.is_set()
-        assert await gateway.serve_terminate({**base, "principal": ALICE.to_wire()}) == {"ok": True}
+        assert await gateway.serve_terminate(wire.Terminate(connection, ALICE)) == wire.Terminated()
         assert host.ended.is_set()
     finally:
         await host.terminate()
