@@ -149,8 +149,9 @@ class Heartbeat:
         if self._redis is None:
             return []
         prefix = self._key("")
+        pattern = "".join("\\" + char if char in "*?[]\\" else char for char in prefix) + "*"
         found = []
-        async for key in self._redis.scan_iter(match=f"{prefix}*", count=1000):
+        async for key in self._redis.scan_iter(match=pattern, count=1000):
             name = key.decode() if isinstance(key, bytes) else str(key)
             found.append(name.removeprefix(prefix))
         return sorted(found)
