@@ -119,7 +119,8 @@ class Heartbeat:
         self._prefix = ""
         self._task: asyncio.Task[None] | None = None
 
-    def start(self, layer: Any) -> None:
+    def start(self, layer: Any, *, beat: bool = True) -> None:
+        """Connect to the layer's Redis; with `beat`, refresh this worker's key from now on."""
         hosts = getattr(layer, "hosts", None)
         if not hosts:
             return
@@ -130,7 +131,7 @@ class Heartbeat:
 
             self._redis = Redis(connection_pool=create_pool(hosts[0]))
             self._prefix = str(getattr(layer, "prefix", "asgi"))
-        if self._task is None or self._task.done():
+        if beat and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._beat(), name="acp-worker-heartbeat")
 
     def _key(self, worker_id: str) -> str:
@@ -244,6 +245,9 @@ class Bus:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inbox: RedisInbox | None = None
         self.heartbeat = Heartbeat()
+        #: False in a process that hosts no connection (a management command): it calls the
+        #: workers and reads their replies, but has no heartbeat, so no worker counts it as one.
+        self.hosts_connections = True
 
     @property
     def layer(self) -> Any:
@@ -266,7 +270,7 @@ class Bus:
             return
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._listen(), name="acp-worker-inbox")
-            self.heartbeat.start(self.layer)
+            self.heartbeat.start(self.layer, beat=self.hosts_connections)
 
     # -- calling other workers ---------------------------------------------------------------
 

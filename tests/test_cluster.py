@@ -75,12 +75,13 @@ async def test_a_worker_that_fails_to_handle_a_post_is_500_not_202(cluster: Clus
 
 @pytest.fixture
 def cluster_bus(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[worker.Bus]:
-    """This test process as one more worker of the cluster (its own inbox and heartbeat), the
-    way a management command reaches the workers."""
+    """This test process on the cluster's bus, as a management command reaches the workers: an
+    inbox of its own for the replies, no heartbeat."""
     prefix = cluster.workers[0].env["ACP_REDIS_PREFIX"]
     bus = worker.Bus()
     bus._layer = RedisChannelLayer(hosts=[cluster.redis.url], prefix=prefix, channel_capacity={"acp.worker.*": 10000})
     bus._inbox = worker.RedisInbox.for_layer(bus._layer)
+    bus.hosts_connections = False  # as a management command: not counted as a worker
     monkeypatch.setattr(gateway, "bus", bus)
     yield bus
 
@@ -99,7 +100,7 @@ async def test_the_cluster_view_lists_and_ends_connections_on_every_worker(
         assert info.worker == connection_id.rpartition(".")[2]
         assert (info.transport, info.principal) == ("http", "anonymous")
     assert len({listed[on_a].worker, listed[on_b].worker}) == 2
-    assert len(await cluster_bus.heartbeat.live_workers()) == 4  # three workers and this process
+    assert len(await cluster_bus.heartbeat.live_workers()) == 3  # the workers, not this process
 
     assert await gateway.end_connection(on_a)  # no principal: administrative
     assert (await post(http, b, rpc(1, "custom/echo"), on_a)).status_code == 404
