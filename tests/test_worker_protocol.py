@@ -13,13 +13,14 @@ import pytest
 
 from acp_channels import gateway, worker_protocol
 from acp_channels.agents import AgentClosed
-from acp_channels.host import ReplayUnavailable, StreamBusy, TooManyRequests, TooManyStreams
+from acp_channels.host import Mailbox, OutboundBudget, ReplayUnavailable, StreamBusy, TooManyRequests, TooManyStreams
 from acp_channels.identity import Principal
 from acp_channels.inventory import ConnectionInfo
 from acp_channels.protocol import InboundPlan, SessionHeaderError, Single
 from acp_channels.worker import Bus, HostUnreachable
 from acp_channels.worker_protocol import (
     OPS,
+    PUSH_CREDIT_BATCHES,
     REPLIES,
     Acknowledge,
     Alive,
@@ -383,3 +384,96 @@ async def test_a_refused_reply_detail_survives(buses: tuple[LinkedBus, LinkedBus
     with pytest.raises(ReplayUnavailable) as refused:
         await gateway.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE).lease("s1", "zz:9")
     assert (refused.value.reason, refused.value.event_id) == ("foreign", "zz:9")
+
+
+# -- pushed streams -----------------------------------------------------------------------------
+
+
+class LoopbackBus(Bus):
+    """One process as both workers: what it sends comes back to its own inbox (through msgpack),
+    served by the gateway's handlers."""
+
+    def ensure_listening(self) -> None:
+        pass
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        self._dispatch(wire(message))
+
+
+@pytest.fixture
+def loopback(monkeypatch: pytest.MonkeyPatch) -> LoopbackBus:
+    from acp_channels import worker
+
+    loop_bus = LoopbackBus()
+    loop_bus._handlers = dict(worker.bus._handlers)
+    monkeypatch.setattr(gateway, "bus", loop_bus)
+    return loop_bus
+
+
+async def pushed_stream(items: int) -> tuple[Mailbox, gateway.LeaseOnHost, gateway.RemoteStream]:
+    mailbox = Mailbox(OutboundBudget(1 << 20))
+    for n in range(items):
+        mailbox.push(f"item-{n}")
+    reader = gateway.RemoteStream("0123456789ab", "lease-under-test")
+
+    async def leased() -> None:
+        pass
+
+    await reader.leasing(leased())
+    lease = gateway.LeaseOnHost(reader.lease_id, "0123456789ab", mailbox, host=None)  # type: ignore[arg-type]
+    mailbox.acquire(lease)
+    lease.start()
+    return mailbox, lease, reader
+
+
+async def test_a_pushed_stream_arrives_in_order_and_its_acknowledgements_settle_it(loopback: LoopbackBus) -> None:
+    mailbox, lease, reader = await pushed_stream(30)
+    batch = await reader.take(5.0)
+    assert batch is not None and list(batch) == [f"item-{n}" for n in range(30)] and batch.first_seq == 1
+    mailbox.push("late")
+    batch = await reader.take(5.0)  # coming back: the first batch is written (acknowledged later)
+    assert batch is not None and list(batch) == ["late"] and batch.first_seq == 31
+    assert [seq for seq, _ in lease.unacked] == [1, 2]
+    mailbox.close()
+    assert await reader.take(5.0) is None and reader.end_reason == "ended"
+    reader.release()  # says the last batch was written
+    await asyncio.sleep(0)  # the release travels as a task
+    await asyncio.sleep(0)
+    assert lease.ended and not lease.unacked and mailbox.holder is None
+
+
+async def test_pushes_stop_at_the_credit_and_go_on_with_acknowledgements(loopback: LoopbackBus) -> None:
+    mailbox, lease, reader = await pushed_stream(0)
+    for n in range(PUSH_CREDIT_BATCHES + 5):  # one batch each: the pump runs between pushes
+        mailbox.push(f"item-{n}")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    assert len(lease.unacked) == PUSH_CREDIT_BATCHES  # the rest waits in the stream
+    assert len(mailbox) == 5
+    taken = []
+    while len(taken) < PUSH_CREDIT_BATCHES + 5:
+        batch = await reader.take(5.0)
+        assert batch is not None
+        taken.extend(batch)
+    assert taken == [f"item-{n}" for n in range(PUSH_CREDIT_BATCHES + 5)]
+    lease.end()
+
+
+async def test_what_a_lost_reader_did_not_acknowledge_goes_back_in_order(loopback: LoopbackBus) -> None:
+    mailbox, lease, reader = await pushed_stream(0)
+    for n in range(6):
+        mailbox.push(f"item-{n}")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    first = await reader.take(5.0)
+    assert first is not None and list(first) == ["item-0"]
+    second = await reader.take(5.0)  # item-0 written; not acknowledged yet (coalesced)
+    assert second is not None and list(second) == ["item-1"]
+    reader._acknowledge()  # item-0's acknowledgement reaches the host
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert lease.unacked[0][0] == 2
+    lease.end()  # the reader's worker died (its lease expired): nothing it did not confirm is lost
+    assert mailbox.holder is None
+    again = await mailbox.take(0)
+    assert again is not None and list(again) == [f"item-{n}" for n in range(1, 6)] and again.first_seq == 2
