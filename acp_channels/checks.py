@@ -165,8 +165,7 @@ def _check_cors() -> list[CheckMessage]:
         errors.append(
             Error(
                 "CORS_ALLOW_HEADERS must include the ACP request headers.",
-                hint="CORS_ALLOW_HEADERS = (*corsheaders.defaults.default_headers, "
-                "*acp_channels.cors.ACP_ALLOW_HEADERS)",
+                hint="CORS_ALLOW_HEADERS = acp_channels.cors.cors_allow_headers(corsheaders.defaults.default_headers)",
                 id="acp_channels.E010",
             )
         )

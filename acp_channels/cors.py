@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
 from urllib.parse import urlsplit
 
@@ -35,6 +35,9 @@ disallowed_host_logger = logging.getLogger("django.security.DisallowedHost")
 ACP_EXPOSE_HEADERS: Final = ("acp-connection-id", "acp-session-id")
 #: Request headers a browser client sends; preflights must allow them.
 ACP_ALLOW_HEADERS: Final = ("accept", "content-type", "acp-connection-id", "acp-session-id", "last-event-id")
+#: Methods a cross-origin page uses on the endpoint (HEAD is safelisted): a site whose only CORS
+#: user is /acp sets `CORS_ALLOW_METHODS` to this, advertising nothing it does not serve.
+ACP_ALLOW_METHODS: Final = ("DELETE", "GET", "OPTIONS", "POST")
 #: The URL name of the endpoint in acp_channels.urls.
 ENDPOINT_URL_NAME: Final = "acp"
 
@@ -42,6 +45,13 @@ ENDPOINT_URL_NAME: Final = "acp"
 ORIGIN_NOT_ALLOWED = "origin not allowed"
 HOST_NOT_ALLOWED = "host not allowed"
 DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+def cors_allow_headers(*lists: Iterable[str]) -> tuple[str, ...]:
+    """`CORS_ALLOW_HEADERS` for a site: the given lists (django-cors-headers' `default_headers`,
+    the site's own) and ours, each name once (lower case), in first-seen order. Concatenating
+    them would list `accept` and `content-type` twice."""
+    return tuple(dict.fromkeys(name.lower() for names in (*lists, ACP_ALLOW_HEADERS) for name in names))
 
 
 class Refusal(NamedTuple):

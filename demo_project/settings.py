@@ -10,7 +10,7 @@ from typing import Any
 
 from corsheaders.defaults import default_headers
 
-from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS
+from acp_channels.cors import ACP_ALLOW_METHODS, ACP_EXPOSE_HEADERS, cors_allow_headers
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -130,8 +130,8 @@ ACP_CHANNELS = {
 # django-cors-headers: only the ACP endpoint is ever enabled (by acp_channels, for listed origins).
 CORS_URLS_REGEX = r"^$"
 CORS_EXPOSE_HEADERS = [*ACP_EXPOSE_HEADERS]
-CORS_ALLOW_HEADERS = tuple(dict.fromkeys((*default_headers, *ACP_ALLOW_HEADERS)))
-CORS_ALLOW_METHODS = ("DELETE", "GET", "OPTIONS", "POST")
+CORS_ALLOW_HEADERS = cors_allow_headers(default_headers)
+CORS_ALLOW_METHODS = ACP_ALLOW_METHODS
 
 # acp_channels logs through its own handler, whatever the server does with the root logger
 # (daphne configures one, uvicorn does not); not propagated, so each line is printed once.

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from acp_channels.checks import check_settings
-from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS
+from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS, cors_allow_headers
 
 #: Referenced by ACP_CHANNELS["AGENT"] in a test: importable, but not callable.
 NOT_CALLABLE = "an agent factory must be callable"
@@ -578,3 +578,21 @@ def test_websocket_resume_seconds_is_a_non_negative_number(settings: Any, bad: A
 def test_websocket_resume_seconds_may_be_zero(settings: Any, good: float) -> None:
     acp(settings, WEBSOCKET_RESUME_SECONDS=good)  # zero: the connection ends with its socket
     assert check_settings() == []
+
+
+def test_allow_headers_hint_names_each_header_once(settings: Any) -> None:
+    """The E010 hint once concatenated django-cors-headers' defaults with ours, listing `accept`
+    and `content-type` twice; following it now passes the check with every name once."""
+    acp(settings, CORS_ALLOWED_ORIGINS=[ORIGIN])
+    del settings.CORS_ALLOW_HEADERS
+    (message,) = check_settings()
+    assert "cors_allow_headers(" in (message.hint or "") and "*" not in (message.hint or "")
+    settings.CORS_ALLOW_HEADERS = cors_allow_headers(default_headers)
+    assert check_settings() == []
+
+
+def test_cors_allow_headers_lists_each_name_once_defaults_first() -> None:
+    merged = cors_allow_headers(default_headers, ["X-Site-Header", "Accept"])
+    assert len(merged) == len(set(merged))
+    assert merged[: len(default_headers)] == tuple(default_headers)
+    assert set(merged) == {*default_headers, "x-site-header", *ACP_ALLOW_HEADERS}

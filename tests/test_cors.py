@@ -261,6 +261,18 @@ async def test_preflight_from_listed_origin(cors_server: DaphneServer, http: htt
     assert "access-control-allow-credentials" not in response.headers
 
 
+async def test_preflight_lists_each_header_once_and_only_methods_we_serve(
+    cors_server: DaphneServer, http: httpx.AsyncClient
+) -> None:
+    """What the settings the docs recommend send (the demo uses them): no header name twice, no
+    PUT or PATCH (the endpoint answers those 405)."""
+    headers = {"Origin": ALLOWED, "Access-Control-Request-Method": "POST"}
+    response = await http.options(cors_server.url, headers=headers)
+    names = [name.strip().lower() for name in response.headers["access-control-allow-headers"].split(",")]
+    assert len(names) == len(set(names)), names
+    assert tokens(response.headers["access-control-allow-methods"]) == {"delete", "get", "options", "post"}
+
+
 async def test_preflight_from_unlisted_origin_is_200_without_acao(
     cors_server: DaphneServer, http: httpx.AsyncClient
 ) -> None:
