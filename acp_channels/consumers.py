@@ -1,4 +1,4 @@
-"""The WebSocket edge of `/acp`: one JSON-RPC frame per text message, thin over the host (§8).
+"""The WebSocket edge of `/acp`: one JSON-RPC frame per text message, thin over the host (docs/wire-contract.md §8).
 
 A socket that drops without a clean close leaves its connection alive for
 WEBSOCKET_RESUME_SECONDS; an upgrade naming the connection and the last message the client

@@ -686,7 +686,7 @@ class ConnectionHost:
             self._agent_requests.pop(key, None)
 
     async def initialize(self, frame: Frame, init_id: object) -> InitializeReply:
-        """Forward an initial frame and wait for the reply to `init_id` (§5.2).
+        """Forward an initial frame and wait for the reply to `init_id` (docs/wire-contract.md §5.2).
 
         Whatever else the agent sends meanwhile is routed to mailboxes for SSE. The router
         starts only once the connection is accepted.

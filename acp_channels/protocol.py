@@ -5,7 +5,7 @@ session-scoped, how `Acp-Session-Id` is applied, what counts as an initial `init
 agent's output is routed, the JSON-RPC error objects the transport itself produces, the media
 type a POST must have, the batch-size limit, and SSE encoding. The `…_in_slices` variants of the
 batch rules are coroutines only to yield to the event loop between slices of a big batch.
-Section numbers refer to ../shared/spec/rust-reference.md.
+Section numbers (§N) refer to docs/wire-contract.md, the wire contract we implement.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The HTTP edge of `/acp`: POST, GET (SSE), HEAD and DELETE, thin over the host.
 
-Each handler applies the reference's checks in its order (§2.1-§2.3), using the rules in
+Each handler applies the reference's checks in its order (docs/wire-contract.md §2.1-§2.3), using the rules in
 `protocol`, and turns the result into host operations.
 """
 

@@ -1,4 +1,4 @@
-"""HttpClient against fake servers: the reference client's contract step by step (rust-reference
+"""HttpClient against fake servers: the reference client's contract step by step (docs/wire-contract.md
 §13), and every error path (a non-2xx answer, a missing header, a stream that ends, malformed
 data, a response that never comes). HTTP fakes are raw asyncio servers (tests/peers/fakes.py);
 WebSocket fakes use the `websockets` server."""
@@ -176,6 +176,7 @@ async def test_any_reply_naming_a_session_opens_its_stream(fake: FakeAcp) -> Non
     """session/fork's reply, and an extension method's reply naming `result.sessionId` (the
     reference client opens streams for session/new and session/fork only; servers create
     session streams on demand)."""
+
     async def on_call(request: Request) -> None:
         message = request.json()
         if message.get("method") == "session/fork":

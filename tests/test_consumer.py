@@ -224,7 +224,7 @@ async def test_agent_exit_drains_then_closes_and_unregisters(application: Any) -
 
 
 async def test_terminating_the_host_closes_the_socket(application: Any) -> None:
-    """What DELETE with a WebSocket connection id does (§8 quirk)."""
+    """What DELETE with a WebSocket connection id does (docs/wire-contract.md §8 quirk)."""
     async with connected(application) as (communicator, connection_id):
         await host_of(connection_id).terminate()
         assert (await communicator.receive_output(TIMEOUT))["type"] == "websocket.close"

@@ -1,4 +1,4 @@
-"""Cross-origin access to `/acp` over the wire (spec §3.3, §14 items 7-12).
+"""Cross-origin access to `/acp` over the wire (docs/wire-contract.md §3.3, §14 items 7-12).
 
 CORS off (the default, `wire_server`): no Access-Control-* headers anywhere, OPTIONS is 405, and
 every request with a foreign Origin is refused (HTTP 403 with a text body, WebSocket 403); the

@@ -1,6 +1,6 @@
 """Unit tests of the pure wire rules in acp_channels.protocol (no Django, no I/O).
 
-Section numbers refer to /work/shared/spec/rust-reference.md; "item N" is an entry of its §14
+Section numbers refer to docs/wire-contract.md; "item N" is an entry of its §14
 conformance checklist, re-expressed here at the function level.
 """
 

@@ -1,4 +1,4 @@
-"""SdkAgentChannel driven directly with frames: the batch contract (§7.1, §12), id handling and
+"""SdkAgentChannel driven directly with frames: the batch contract (docs/wire-contract.md §7.1, §12), id handling and
 `$/cancel_request`, on top of an in-process `acp` SDK agent.
 
 No sleeps: every wait is on an event or a frame, bounded by asyncio.wait_for.

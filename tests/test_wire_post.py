@@ -1,4 +1,4 @@
-"""`POST /acp` over the wire (spec/rust-reference.md §2.1, §4.3, §5, §7.2), row by row, and the
+"""`POST /acp` over the wire (docs/wire-contract.md §2.1, §4.3, §5, §7.2), row by row, and the
 other methods (§2: 405, OPTIONS without CORS, no redirect of `/acp/`).
 
 Every test talks HTTP to the shared `wire_server` (daphne hosting tests/wire_agent.py, which echoes

@@ -1,4 +1,4 @@
-"""Which stream each agent frame reaches (spec/rust-reference.md §6.4, §7.3, §9; checklist 18, 19,
+"""Which stream each agent frame reaches (docs/wire-contract.md §6.4, §7.3, §9; checklist 18, 19,
 36, 39, 40, 41), and the client's responses to agent requests (§6.1), over the wire against the
 shared `wire_server`. `test/emit` makes the wire agent send raw frames of our choosing.
 """

@@ -1,4 +1,4 @@
-"""`GET`/`HEAD /acp` (SSE, spec/rust-reference.md §2.2, §6.3, §6.5, §6.6) and `DELETE /acp` with
+"""`GET`/`HEAD /acp` (SSE, docs/wire-contract.md §2.2, §6.3, §6.5, §6.6) and `DELETE /acp` with
 the end of a connection (§2.3, §10), over the wire against the shared `wire_server` (keep-alive
 0.5 s) and, for the header timing, the `demo_server` (keep-alive 15 s).
 """

@@ -1,4 +1,4 @@
-"""The WebSocket shape of `/acp` over the wire, against a real daphne (spec §8, §14 items 43-48).
+"""The WebSocket shape of `/acp` over the wire, against a real daphne (docs/wire-contract.md §8, §14 items 43-48).
 
 One JSON-RPC frame per text message each way; batches stay whole; malformed text is forwarded and
 answered; binary is ignored; agent exit drains then closes; the Origin gate; and the quirk that a

@@ -3,7 +3,7 @@
 The SDK's connection handles one JSON-RPC message at a time: an array crashes it and it ignores
 `$/cancel_request`. This adapter gives such an agent the whole transport contract:
 - batches are split, dispatched entry by entry, and their replies regrouped into one array in
-  entry order (§7.1); notification-only batches get no reply; malformed input gets the
+  entry order (docs/wire-contract.md §7.1); notification-only batches get no reply; malformed input gets the
   reference's -32700 / -32600 replies. A big batch is dispatched and regrouped in slices
   (`protocol.SLICE_ENTRIES`) that let other connections run in between;
 - every client request gets a private integer id on its way in, so duplicate or colliding client

@@ -76,7 +76,7 @@ class RawFrame:
 
 
 def response_only(value: FrameValue) -> bool:
-    """A single response-shaped object, or a batch of nothing else (rust-reference §4.1): what
+    """A single response-shaped object, or a batch of nothing else (docs/wire-contract.md §4.1): what
     goes on the response lane, which may pass calls still being sent."""
     if isinstance(value, dict):
         return protocol.is_response_shaped(value)

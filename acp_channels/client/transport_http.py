@@ -1,4 +1,4 @@
-"""ACP over HTTP: POSTs in, Server-Sent Events out (the reference client's contract, rust-reference §13).
+"""ACP over HTTP: POSTs in, Server-Sent Events out (the reference client's contract, docs/wire-contract.md §13).
 
 The order of things, as the Rust `HttpClient` does them:
 

@@ -1,6 +1,6 @@
 """ACP over one WebSocket: one text message per frame each way (a batch is one message).
 
-As in the reference client (rust-reference §13, WebSocket mode): no ACP headers, no
+As in the reference client (docs/wire-contract.md §13, WebSocket mode): no ACP headers, no
 initialize gate (the agent decides), binary messages ignored. The 101's `acp-connection-id` is
 kept as `connection_id` (our server and the official SDK servers send it), and custom headers
 and cookies go on the upgrade request. Credentials travel in the `Authorization` header of the
