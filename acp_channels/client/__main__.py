@@ -1,4 +1,9 @@
-"""`python -m acp_channels.client URL` / `acp-client URL`: the terminal ACP client."""
+"""`python -m acp_channels.client URL` / `acp-client URL`: the terminal ACP client.
+
+Exit status: 0 after /quit or Ctrl-D, 1 when the connection failed or was lost, 2 for a usage
+error (bad arguments, URL or credentials: nothing was sent), 130 when interrupted while connecting.
+Every error is one line starting `error: ` on stderr, warnings `warning: `.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,29 @@ import asyncio
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from .cli import TOKEN_ENVIRONMENT_VARIABLE, add_connection_arguments, connection_options
 from .errors import ClientUsageError
 from .terminal import run
+from .terminal_input import default_history_path
 
-__all__ = ["TOKEN_ENVIRONMENT_VARIABLE", "main"]
+__all__ = ["EXIT_USAGE", "TOKEN_ENVIRONMENT_VARIABLE", "main"]
+
+#: The exit status for a usage error (argparse's too).
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the client's one error prefix (`error: `, not `acp-client: error: `)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"error: {message}\n")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="acp-client",
         description="Talk to an ACP agent over HTTP+SSE (http[s]://) or WebSocket (ws[s]://). "
         "'/acp' is appended to the URL unless it already ends with it.",
@@ -24,7 +42,9 @@ def parser() -> argparse.ArgumentParser:
         "a command line is visible to other local users) or --token, and sent as "
         "'Authorization: Bearer <token>'. "
         "In the session: type a prompt and press Enter; Ctrl-C cancels the running turn "
-        "(at the prompt, twice quits); /quit or Ctrl-D exits and closes the connection.",
+        "(at the prompt, twice quits); /quit or Ctrl-D exits and closes the connection; /help lists the "
+        "commands. Exit status: 0 done, 1 the connection failed or was lost, 2 usage error. "
+        "NO_COLOR=1 turns colour off.",
     )
     add_connection_arguments(p)
     p.add_argument("--cwd", help="working directory for the session (default: the current one)")
@@ -35,6 +55,11 @@ def parser() -> argparse.ArgumentParser:
         help="answer permission requests by asking (default) or always allow / reject",
     )
     p.add_argument("--fs", action="store_true", help="let the agent read and write files through this client")
+    p.add_argument(
+        "--no-history",
+        action="store_true",
+        help=f"keep the prompts' history in memory only (default: saved in {default_history_path()})",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log every request of the transport on stderr")
     return p
 
@@ -44,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = connection_options(args)
     except ClientUsageError as exc:
-        print(f"acp-client: {exc}", file=sys.stderr)
-        return 2
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     for warning in options.warnings:
-        print(f"acp-client: warning: {warning}", file=sys.stderr)
+        print(f"warning: {warning}", file=sys.stderr)
     # The acp SDK logs a traceback when its transport fails; we report the error ourselves.
     logging.basicConfig(
         level=logging.WARNING if args.verbose else logging.CRITICAL,
@@ -68,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 fs=args.fs,
                 reconnect=options.reconnect,
                 restart=options.restart,
+                history=None if args.no_history else default_history_path(),
             )
         )
     except KeyboardInterrupt:

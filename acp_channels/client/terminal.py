@@ -1,12 +1,17 @@
 """A terminal ACP client: `python -m acp_channels.client URL` (or the `acp-client` script).
 
 It connects with `HttpClient` (http(s):// = POST+SSE, ws(s):// = WebSocket), initializes, opens
-one session and then reads prompts line by line. The agent's messages are printed as they
-arrive, tool calls are shown with each status change, permission requests are asked on the
-terminal, Ctrl-C cancels the running turn (`session/cancel`), and `/quit` or Ctrl-D ends the
-program, closing the connection (DELETE over HTTP, a Close frame over WebSocket). A dropped
-stream or socket is resumed when the server can ("[reconnecting…]", then "[resumed]" or
-"[gave up] …" is shown).
+one session and then reads prompts: with line editing and a history on a terminal
+(prompt_toolkit), line by line from a pipe. The agent's messages are printed as they arrive,
+tool calls and plans as short marked lines, a spinner with the elapsed time shows while a turn
+runs, permission requests are asked as a numbered choice, Ctrl-C cancels the running turn
+(`session/cancel`), and `/quit` or Ctrl-D ends the program, closing the connection (DELETE over
+HTTP, a Close frame over WebSocket). A dropped stream or socket is resumed when the server can
+("[reconnecting…]", then "[resumed]" or "[gave up] …" is shown). Colour and the spinner only on
+a terminal, and no colour with `NO_COLOR` (terminal_output).
+
+Exit status: 0 after /quit or Ctrl-D, 1 when the connection failed or was lost (a refusal
+included), 2 for a usage error (`__main__`), 130 when Ctrl-C interrupted connecting.
 
 It is written against the `acp` SDK's client side, so it works with any ACP agent server.
 """
@@ -18,7 +23,6 @@ import contextlib
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,16 +35,20 @@ from acp.schema import (
     AgentPlanUpdate,
     AgentThoughtChunk,
     AllowedOutcome,
+    AvailableCommand,
     AvailableCommandsUpdate,
     ClientCapabilities,
     ContentToolCallContent,
     CurrentModeUpdate,
     DeniedOutcome,
+    FileEditToolCallContent,
     FileSystemCapabilities,
     Implementation,
     PermissionOption,
+    PlanEntry,
     ReadTextFileResponse,
     RequestPermissionResponse,
+    TerminalToolCallContent,
     TextContentBlock,
     ToolCallProgress,
     ToolCallStart,
@@ -48,123 +56,38 @@ from acp.schema import (
     UserMessageChunk,
     WriteTextFileResponse,
 )
+from rich.text import Text
 
 from acp_channels import __version__
 
 from .errors import AuthenticationError, TransportError
 from .http_client import HttpClient
 from .reconnect import DEFAULT_BACKOFF, ReconnectEvent, ReconnectPolicy
+from .terminal_input import INTERRUPTED, Input, LineReader, PlainInput, TerminalInput, open_history
+from .terminal_output import STATUS_STYLES, Screen, describe_error, elapsed
 
-__all__ = ["PermissionMode", "TerminalClient", "run"]
+__all__ = ["COMMANDS", "EXIT_CONNECTION_FAILED", "EXIT_INTERRUPTED", "PermissionMode", "TerminalClient", "run"]
 
 PermissionMode = Literal["ask", "allow", "reject"]
-QUIT_COMMANDS = frozenset({"/quit", "/exit", "/q"})
-HELP = "Type a prompt and press Enter. Ctrl-C cancels a running turn; /quit or Ctrl-D exits."
 
+#: Exit statuses (2, a usage error, is the command line's: see __main__).
+EXIT_CONNECTION_FAILED = 1
+EXIT_INTERRUPTED = 130
 
-class Console:
-    """Writes to the terminal, remembering whether the cursor is at the start of a line so
-    status lines never run into streamed agent text."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self._at_line_start = True
-        self._section: str | None = None
-
-    def text(self, text: str, section: str = "agent") -> None:
-        if not text:
-            return
-        if section != self._section:
-            self.end_line()
-            if section == "thought":
-                self._write("(thinking) ")
-            elif section == "user":
-                self._write("you: ")
-            self._section = section
-        self._write(text)
-
-    def line(self, text: str) -> None:
-        self.end_line()
-        self._section = None
-        self._write(text + "\n")
-
-    def prompt(self, text: str) -> None:
-        self.end_line()
-        self._section = None
-        self._write(text)
-        self._at_line_start = True  # what the user types ends with their Enter
-
-    def end_line(self) -> None:
-        if not self._at_line_start:
-            self._write("\n")
-
-    def _write(self, text: str) -> None:
-        self.out.write(text)
-        self.out.flush()
-        self._at_line_start = text.endswith("\n")
-
-
-class LineReader:
-    """Lines from stdin for an asyncio program: the event loop watches the descriptor (the tty
-    does the line editing), or a thread reads when the input cannot be watched (a file)."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        self._lines: asyncio.Queue[str | None] = asyncio.Queue()
-        self._buffer = b""
-        self._fd: int | None = None
-        self._eof = False
-
-    def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            fd = self._stream.fileno()
-            loop.add_reader(fd, self._readable, fd)
-            self._fd = fd
-        except (OSError, ValueError, NotImplementedError):
-            threading.Thread(target=self._read_thread, args=(loop,), daemon=True).start()
-
-    def stop(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(self._fd)
-            self._fd = None
-
-    def _readable(self, fd: int) -> None:
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            if self._buffer:
-                self._lines.put_nowait(self._buffer.decode(errors="replace"))
-                self._buffer = b""
-            self.stop()
-            self.push_eof()
-            return
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            self._lines.put_nowait(line.decode(errors="replace").rstrip("\r"))
-
-    def _read_thread(self, loop: asyncio.AbstractEventLoop) -> None:
-        for line in self._stream:
-            loop.call_soon_threadsafe(self._lines.put_nowait, line.rstrip("\r\n"))
-        loop.call_soon_threadsafe(self.push_eof)
-
-    def push_eof(self) -> None:
-        """End the input (Ctrl-D, or a second Ctrl-C at the prompt)."""
-        if not self._eof:
-            self._eof = True
-            self._lines.put_nowait(None)
-
-    async def readline(self) -> str | None:
-        line = await self._lines.get()
-        if line is None:
-            self._lines.put_nowait(None)  # EOF stays EOF
-        return line
+#: The client's own commands, for /help: (names, what it does).
+COMMANDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("/help",), "this list"),
+    (("/info",), "the agent, the URL, the connection and the session"),
+    (("/quit", "/exit", "/q"), "close the connection and exit (Ctrl-D too)"),
+)
+KEYS: tuple[tuple[str, str], ...] = (
+    ("Enter", "send the prompt"),
+    ("Up / Down", "earlier prompts (Ctrl-R searches them)"),
+    ("Ctrl-C", "cancel the running turn; at the prompt, twice to exit"),
+    ("Ctrl-D", "exit"),
+)
+QUIT_COMMANDS = frozenset(COMMANDS[2][0])
+GREETING = "Type a prompt and press Enter, or /help. Ctrl-C cancels a running turn; /quit or Ctrl-D exits."
 
 
 @dataclass
@@ -181,94 +104,158 @@ class TerminalClient:
 
     def __init__(
         self,
-        console: Console,
-        lines: LineReader,
+        screen: Screen,
+        lines: Input,
         *,
         permissions: PermissionMode = "ask",
         fs: bool = False,
     ) -> None:
-        self.console = console
+        self.screen = screen
         self.lines = lines
         self.permissions = permissions
         self.fs = fs
         self.turn: Turn | None = None
         self.quit_requested = False
         self.quit_armed = False
+        self.agent_commands: list[AvailableCommand] = []
         self._tool_titles: dict[str, str] = {}
+        self._tool_kinds: dict[str, str] = {}
+        # Set by run(): what cancelling the turn and quitting do (Ctrl-C at a permission question).
+        self.cancel_turn: Callable[[], None] = lambda: None
+        self.quit_now: Callable[[], None] = lambda: None
 
     # --------------------------------------------------------------------- session/update
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
-        console = self.console
+        screen = self.screen
         if isinstance(update, AgentMessageChunk | AgentThoughtChunk | UserMessageChunk):
             section = {AgentMessageChunk: "agent", AgentThoughtChunk: "thought", UserMessageChunk: "user"}
             content = update.content
             if isinstance(content, TextContentBlock):
-                console.text(content.text, section[type(update)])
+                screen.text(content.text, section[type(update)])
             else:
-                console.line(f"[{content.type} content]")
+                screen.line(f"[{content.type} content]", style="dim")
         elif isinstance(update, ToolCallStart):
             self._tool_titles[update.tool_call_id] = update.title
-            kind = f" ({update.kind})" if update.kind else ""
-            console.line(f"[tool] {update.title}{kind}: {update.status or 'pending'}")
-            self._show_tool_content(update.content)
+            if update.kind:
+                self._tool_kinds[update.tool_call_id] = update.kind
+            self._show_tool(update.tool_call_id, update.status or "pending", update.content)
         elif isinstance(update, ToolCallProgress):
             if update.title:
                 self._tool_titles[update.tool_call_id] = update.title
-            title = self._tool_titles.get(update.tool_call_id, update.tool_call_id)
-            if update.status:
-                console.line(f"[tool] {title}: {update.status}")
-            self._show_tool_content(update.content)
+            if update.kind:
+                self._tool_kinds[update.tool_call_id] = update.kind
+            if update.status or update.content:
+                self._show_tool(update.tool_call_id, update.status, update.content)
         elif isinstance(update, AgentPlanUpdate):
-            console.line("[plan]")
-            for entry in update.entries:
-                console.line(f"  [{entry.status}] {entry.content}")
+            self._show_plan(update.entries)
         elif isinstance(update, CurrentModeUpdate):
-            console.line(f"[mode] {update.current_mode_id}")
+            screen.line(Text.assemble(("mode ", "dim"), (update.current_mode_id, "bold")))
         elif isinstance(update, AvailableCommandsUpdate):
+            self.agent_commands = list(update.available_commands)
             names = " ".join(f"/{command.name}" for command in update.available_commands)
-            console.line(f"[commands] {names}")
+            screen.line(Text.assemble(("agent commands ", "dim"), names, (" (/help describes them)", "dim")))
         else:
-            console.line(f"[{getattr(update, 'session_update', 'update')}]")
+            screen.line(f"[{getattr(update, 'session_update', 'update')}]", style="dim")
 
-    def _show_tool_content(self, content: list[Any] | None) -> None:
+    def _show_tool(self, tool_call_id: str, status: str | None, content: list[Any] | None) -> None:
+        """`✓ Reading demo data (read) completed`: a line per status change, then any content."""
+        marks = self.screen.marks
+        title = self._tool_titles.get(tool_call_id, tool_call_id)
+        kind = self._tool_kinds.get(tool_call_id)
+        if status:
+            style = STATUS_STYLES.get(status, "")
+            self.screen.line(
+                Text.assemble(
+                    "  ",
+                    (marks.status(status), style),
+                    " ",
+                    (title, "bold"),
+                    (f" ({kind})" if kind else "", "dim"),
+                    " ",
+                    (status, style),
+                )
+            )
         for item in content or []:
             if isinstance(item, ContentToolCallContent) and isinstance(item.content, TextContentBlock):
-                for text_line in item.content.text.splitlines() or [""]:
-                    self.console.line(f"  | {text_line}")
+                shown = item.content.text.splitlines() or [""]
+            elif isinstance(item, FileEditToolCallContent):
+                shown = [f"[diff {item.path}]"]
+            elif isinstance(item, TerminalToolCallContent):
+                shown = [f"[terminal {item.terminal_id}]"]
             else:
-                self.console.line(f"  | [{getattr(item, 'type', 'content')}]")
+                shown = [f"[{getattr(item, 'type', 'content')}]"]
+            for text_line in shown:
+                self.screen.line(Text.assemble((f"    {marks.content} ", "dim"), text_line))
+
+    def _show_plan(self, entries: list[PlanEntry]) -> None:
+        marks = self.screen.marks
+        self.screen.line(Text("  plan", style="bold"))
+        for entry in entries:
+            style = STATUS_STYLES.get(entry.status, "")
+            done = "dim" if entry.status == "completed" else ""
+            priority = " (high)" if entry.priority == "high" else ""
+            self.screen.line(
+                Text.assemble(
+                    "    ", (marks.status(entry.status), style), " ", (entry.content, done), (priority, "dim")
+                )
+            )
 
     # ---------------------------------------------------------------------- permissions
 
     async def request_permission(
         self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption], **kwargs: Any
     ) -> RequestPermissionResponse:
+        screen = self.screen
+        marks = screen.marks
         title = tool_call.title or self._tool_titles.get(tool_call.tool_call_id, tool_call.tool_call_id)
-        console = self.console
+        kind = tool_call.kind or self._tool_kinds.get(tool_call.tool_call_id)
+        question = Text.assemble(
+            (f"{marks.question} ", "bold yellow"),
+            ("Permission: ", "bold"),
+            (title, "bold"),
+            (f" ({kind})" if kind else "", "dim"),
+        )
         if self.permissions != "ask":
             wanted = "allow" if self.permissions == "allow" else "reject"
             chosen = next((option for option in options if option.kind.startswith(wanted)), None)
-            console.line(f"[permission] {title}: {chosen.name if chosen else 'cancelled'} (--permissions)")
+            question.append(f" {marks.answer} {chosen.name if chosen else 'cancelled'} (--permissions)")
+            screen.line(question)
             return _outcome(chosen)
-        console.line(f"[permission] {title}")
+        screen.pause_turn()
+        try:
+            return await self._ask(question, options)
+        finally:
+            screen.resume_turn()
+
+    async def _ask(self, question: Text, options: list[PermissionOption]) -> RequestPermissionResponse:
+        screen = self.screen
+        screen.line(question)
+        width = max(len(option.name) for option in options)
         for number, option in enumerate(options, 1):
-            console.line(f"  {number}) {option.name} [{option.kind}]")
+            style = "green" if option.kind.startswith("allow") else "red" if option.kind.startswith("reject") else ""
+            screen.line(
+                Text.assemble(
+                    f"  {number}) ", (option.name.ljust(width), style), ("  " + option.kind.replace("_", " "), "dim")
+                )
+            )
         cancelled = self.turn.cancel_requested if self.turn else asyncio.Event()
         while True:
-            console.prompt(f"Choose 1-{len(options)}: ")
-            answer = await _first(self.lines.readline(), cancelled.wait())
-            if answer is _CANCELLED:
-                console.line("[permission] cancelled")
+            answer = await _first(self.lines.read(f"Choose 1-{len(options)}: ", history=False), cancelled.wait())
+            if answer is INTERRUPTED and self.turn is not None:
+                self.interrupt(self.cancel_turn, self.quit_now)
+            if answer is _CANCELLED or answer is INTERRUPTED:
+                screen.line(f"  {screen.marks.answer} cancelled", style="yellow")
                 return _outcome(None)
             if answer is None:
                 self.quit_requested = True
                 return _outcome(None)
             chosen = _pick(str(answer).strip(), options)
             if chosen is not None:
-                console.line(f"[permission] {chosen.name}")
+                style = "green" if chosen.kind.startswith("allow") else "red"
+                screen.line(Text.assemble(f"  {screen.marks.answer} ", (chosen.name, style)))
                 return _outcome(chosen)
-            console.line("  answer with a number or an option name")
+            screen.line("  answer with a number or an option name", style="yellow")
 
     # ------------------------------------------------------------------ client file access
 
@@ -282,14 +269,14 @@ class TerminalClient:
             lines = text.splitlines(keepends=True)
             start = max((line or 1) - 1, 0)
             text = "".join(lines[start : start + limit if limit is not None else None])
-        self.console.line(f"[fs] read {path}")
+        self.screen.line(f"  fs: read {path}", style="dim")
         return ReadTextFileResponse(content=text)
 
     async def write_text_file(self, session_id: str, path: str, content: str, **kwargs: Any) -> WriteTextFileResponse:
         if not self.fs:
             raise acp.RequestError.method_not_found("fs/write_text_file")
         await asyncio.to_thread(Path(path).write_text, content)
-        self.console.line(f"[fs] wrote {path}")
+        self.screen.line(f"  fs: wrote {path}", style="dim")
         return WriteTextFileResponse()
 
     # ---------------------------------------------------------------------------- Ctrl-C
@@ -303,14 +290,13 @@ class TerminalClient:
                 quit_now()
             else:
                 self.quit_armed = True
-                self.console.line(" (press Ctrl-C again, Ctrl-D or type /quit to exit)")
-                self.console.prompt("> ")
+                self.screen.line("(press Ctrl-C again, Ctrl-D or type /quit to exit)", style="dim")
         elif turn.cancel_requested.is_set():
-            self.console.line("^C again: quitting")
+            self.screen.line("^C again: quitting", style="yellow")
             quit_now()
         else:
             turn.cancel_requested.set()
-            self.console.line(" cancelling the turn...")
+            self.screen.line("cancelling the turn…", style="yellow")
             cancel()
 
 
@@ -327,14 +313,16 @@ async def _first(line: Any, cancelled: Any) -> Any:
         waiting.cancel()
         if not reading.done():
             reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading  # a prompt_toolkit prompt puts the terminal back first
     return reading.result() if reading in done else _CANCELLED
 
 
 class ReconnectNotices:
     """Tells the terminal user about drops: "reconnecting…" once per outage, then how it ended."""
 
-    def __init__(self, console: Console) -> None:
-        self.console = console
+    def __init__(self, screen: Screen) -> None:
+        self.screen = screen
         self.transport: HttpClient | None = None
         self._shown = False
 
@@ -342,17 +330,17 @@ class ReconnectNotices:
         if event.kind == "reconnecting":
             if not self._shown:
                 self._shown = True
-                self.console.line(f"[reconnecting…] {event.what}: {event.error}")
+                self.screen.line(f"[reconnecting…] {event.what}: {describe_error(event.error)}", style="yellow")
         elif event.kind == "resumed":
             if self._shown and (self.transport is None or not self.transport.reconnecting):
                 self._shown = False
-                self.console.line("[resumed] nothing was lost")
+                self.screen.line("[resumed] nothing was lost", style="green")
         elif event.kind == "restarted":
             self._shown = False
-            self.console.line(f"[{event}]")
+            self.screen.line(f"[{event}]", style="yellow")
         else:
             self._shown = False
-            self.console.line(f"[gave up] {event.error}")
+            self.screen.line(f"[gave up] {describe_error(event.error)}", style="red")
 
 
 def _pick(answer: str, options: list[PermissionOption]) -> PermissionOption | None:
@@ -371,6 +359,39 @@ def _outcome(option: PermissionOption | None) -> RequestPermissionResponse:
     return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=option.option_id))
 
 
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def show_help(screen: Screen, agent_commands: list[AvailableCommand]) -> None:
+    """/help: every command with what it does, the agent's commands, the keys."""
+    rows: list[tuple[str, str]] = [(", ".join(names), what) for names, what in COMMANDS]
+    width = max(len(name) for name, _ in [*rows, *KEYS, *((f"/{c.name}", "") for c in agent_commands)]) + 2
+    screen.line("commands", style="bold")
+    for name, what in rows:
+        screen.line(Text.assemble("  ", (name.ljust(width), "cyan"), what))
+    if agent_commands:
+        screen.line("the agent's commands (sent to it as a prompt)", style="bold")
+        for command in agent_commands:
+            screen.line(Text.assemble("  ", (f"/{command.name}".ljust(width), "cyan"), command.description))
+    screen.line("keys", style="bold")
+    for key, what in KEYS:
+        screen.line(Text.assemble("  ", (key.ljust(width), "cyan"), what))
+    screen.line("Anything else is sent to the agent as a prompt.", style="dim")
+
+
+def _request_error(error: acp.RequestError) -> str:
+    """`demo failure (-32603)`, with the details when they add something."""
+    message = str(error) or "request failed"
+    data = error.data
+    details = data.get("details") if isinstance(data, dict) else data
+    extra = f": {details}" if details and str(details) != message else ""
+    return f"{message} ({error.code}){extra}"
+
+
 async def run(
     url: str,
     *,
@@ -383,13 +404,26 @@ async def run(
     fs: bool = False,
     stdin: TextIO | None = None,
     stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
     reconnect: ReconnectPolicy | None = DEFAULT_BACKOFF,
     restart: bool = False,
+    history: Path | None = None,
 ) -> int:
-    """Run the terminal client until /quit, EOF or a second Ctrl-C; returns the exit status."""
-    console = Console(stdout or sys.stdout)
-    lines = LineReader(stdin or sys.stdin)
-    notices = ReconnectNotices(console)
+    """Run the terminal client until /quit, EOF or a second Ctrl-C; returns the exit status.
+    `history`: the file keeping the prompts (None: in memory only); used on a terminal only."""
+    screen = Screen(stdout, stderr)
+    input_stream = stdin or sys.stdin
+    reader: LineReader | None = None
+    lines: Input
+    if _is_terminal(input_stream) and _is_terminal(stdout or sys.stdout):
+        prompt_history, problem = open_history(history)
+        if problem:
+            screen.warning(problem)
+        lines = TerminalInput(prompt_history)
+    else:
+        reader = LineReader(input_stream)
+        lines = PlainInput(reader, screen, interactive=_is_terminal(input_stream))
+    notices = ReconnectNotices(screen)
     transport = HttpClient(
         url,
         headers=headers,
@@ -401,7 +435,7 @@ async def run(
         on_reconnect=notices,
     )
     notices.transport = transport
-    client = TerminalClient(console, lines, permissions=permissions, fs=fs)
+    client = TerminalClient(screen, lines, permissions=permissions, fs=fs)
     conn = acp.connect_to_agent(cast(Client, client), transport)
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -416,15 +450,24 @@ async def run(
 
     def quit_now() -> None:
         client.quit_requested = True
-        lines.push_eof()
+        if reader is not None:
+            reader.push_eof()
         if client.turn is not None:
             client.turn.task.cancel()
         elif session_id is None and main is not None:
             main.cancel()  # still connecting
 
+    def interrupt() -> None:
+        client.interrupt(cancel_turn, quit_now)
+        if client.turn is None and not client.quit_requested and isinstance(lines, PlainInput) and lines.interactive:
+            screen.prompt("> ")  # the hint ended the prompt's line
+
+    client.cancel_turn = cancel_turn
+    client.quit_now = quit_now
     with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGINT, client.interrupt, cancel_turn, quit_now)
-    lines.start()
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+    if reader is not None:
+        reader.start()
     status = 0
     try:
         init = await conn.initialize(
@@ -439,18 +482,22 @@ async def run(
         shape = "HTTP+SSE" if transport.kind == "http" else "WebSocket"
         session = await conn.new_session(cwd=cwd or os.getcwd(), mcp_servers=[])
         session_id = session.session_id
-        console.line(f"Connected to {name} over {shape} at {transport.url}")
-        console.line(f"connection {transport.connection_id or '-'}  session {session_id}")
-        console.line(HELP)
+        screen.line(Text.assemble("Connected to ", (name, "bold"), f" over {shape} at {transport.url}"))
+        info = f"connection {transport.connection_id or '-'}  session {session_id}"
+        screen.line(info, style="dim")
+        screen.line(GREETING, style="dim")
         while not client.quit_requested:
-            console.prompt("> ")
-            line = await _first(lines.readline(), transport.wait_failed())
+            line = await _first(lines.read("> "), transport.wait_failed())
             if line is _CANCELLED:
-                console.line("")  # leave the prompt's line
+                screen.line()  # leave the prompt's line
                 raise transport.error or TransportError("connection lost")
             if line is None:
-                console.line("")  # Ctrl-D leaves the cursor after the prompt
+                if not isinstance(lines, PlainInput) or lines.interactive:
+                    screen.line()  # Ctrl-D leaves the cursor after the prompt
                 break
+            if line is INTERRUPTED:
+                client.interrupt(cancel_turn, quit_now)
+                continue
             client.quit_armed = False
             text = str(line).strip()
             if not text:
@@ -458,44 +505,61 @@ async def run(
             if text in QUIT_COMMANDS:
                 break
             if text == "/help":
-                console.line(HELP)
+                show_help(screen, client.agent_commands)
                 continue
+            if text == "/info":
+                screen.line(f"{name} over {shape} at {transport.url}")
+                screen.line(info)
+                continue
+            screen.start_turn()
             turn = Turn(asyncio.ensure_future(conn.prompt(session_id=session_id, prompt=[acp.text_block(text)])))
             client.turn = turn
+            outcome: Any
             try:
-                response = await turn.task
+                outcome = await turn.task
+            except acp.RequestError as exc:
+                outcome = exc
             except asyncio.CancelledError:
                 if not client.quit_requested:
                     raise
-                console.line("[quit]")
-                break
-            except acp.RequestError as exc:
-                console.line(f"[error {exc.code}] {exc}{_detail(exc.data)}")
-                continue
+                outcome = None
             finally:
                 client.turn = None
-            console.line(f"[{response.stop_reason}]")
+                took = screen.end_turn()
+            if outcome is None:
+                screen.line("[quit]", style="yellow")
+                break
+            if isinstance(outcome, acp.RequestError):
+                screen.error(_request_error(outcome))
+                continue
+            reason = str(outcome.stop_reason)
+            style = "dim" if reason == "end_turn" else "yellow"
+            screen.line(Text.assemble((f"[{reason}]", style), (f" {elapsed(took)}", "dim")))
     except asyncio.CancelledError:
         if not client.quit_requested:
             raise
         if main is not None:
             main.uncancel()  # Ctrl-C while connecting: handled, go on closing
-        status = 130
+        status = EXIT_INTERRUPTED
     except (TransportError, ConnectionError, acp.RequestError) as exc:
         error = transport.error or exc
-        console.line(f"error: {error}")
+        if isinstance(error, acp.RequestError):
+            screen.error(_request_error(error))
+        else:
+            screen.error(describe_error(error, transport.url))
         if isinstance(error, AuthenticationError):
-            console.line(_refusal_hint(error, transport.kind))
-        status = 1
+            screen.hint(_refusal_hint(error, transport.kind))
+        status = EXIT_CONNECTION_FAILED
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
-        lines.stop()
+        if reader is not None:
+            reader.stop()
         for task in pending:
             task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.close(), (timeout or 30.0) + 5)
-        console.line("Disconnected.")
+        screen.line("Disconnected.", style="dim")
     return status
 
 
@@ -509,9 +573,3 @@ def _refusal_hint(error: AuthenticationError, kind: str) -> str:
         # Servers such as daphne can refuse a WebSocket upgrade only with 403.
         return "The server refused the WebSocket (403): the token is wrong or not allowed here."
     return "The server refused access (403): these credentials are not allowed here."
-
-
-def _detail(data: Any) -> str:
-    if isinstance(data, dict) and isinstance(data.get("details"), str):
-        return f": {data['details']}"
-    return f": {data}" if data else ""
