@@ -1,17 +1,25 @@
-"""The terminal client (`python -m acp_channels.client URL`) driven through a pseudo-terminal."""
+"""The terminal client (`python -m acp_channels.client URL`) driven through a pseudo-terminal
+(pexpect: prompt_toolkit's line editing, rich's colour and live turn indicator) and through pipes
+(plain output), against live servers."""
 
 from __future__ import annotations
 
 import io
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pexpect
 import pytest
+from acp.schema import AgentPlanUpdate, PlanEntry, ToolCallProgress, ToolCallStart
 
+from acp_channels.client.errors import HttpStatusError
+from acp_channels.client.terminal import COMMANDS, TerminalClient
+from acp_channels.client.terminal_output import Screen, describe_error
 from tests.live import ROOT, DaphneServer
 from tests.peers.fixtures import ts_server
 from tests.peers.process import PeerServer
@@ -20,23 +28,80 @@ __all__ = ["ts_server"]  # fixture
 
 pytestmark = pytest.mark.timeout(60)
 TIMEOUT = 15
+ENTER = "\r"  # what the Enter key sends on a terminal
+UP = "\x1b[A"
+#: Escape sequences: CSI (colour, cursor movement), OSC, and two-character ones.
+ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)|\x1b[@-Z\\-_=>]")
+SGR = re.compile(r"\x1b\[([0-9;]*)m")
+STOP = r"\[(end_turn|cancelled|max_tokens|refusal)\]"
+#: A prompt: prompt_toolkit draws "> " as ">", backspace, two columns right.
+PROMPT = r">( |\x08\x1b\[2C)"
 
 
-def spawn(*args: str) -> pexpect.spawn:
+def plain(text: str) -> str:
+    """What a person reads: escape sequences dropped, lines ended by \\n."""
+    return ESCAPE.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def colour_codes(text: str) -> list[str]:
+    """The SGR parameters that set a colour (30-38, 40-48, 90-97, 100-107; not 39/49, the defaults)."""
+    found = []
+    for match in SGR.finditer(text):
+        for parameter in match.group(1).split(";"):
+            if parameter.isdigit():
+                number = int(parameter)
+                if 30 <= number <= 38 or 40 <= number <= 48 or 90 <= number <= 97 or 100 <= number <= 107:
+                    found.append(parameter)
+    return found
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[DaphneServer]:
+    """One daphne with the demo agent, for what does not depend on the server's shape."""
+    server = DaphneServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def state_home(tmp_path: Path) -> Path:
+    """XDG_STATE_HOME for the client: its history file lands here, not in the real home."""
+    return tmp_path / "state"
+
+
+def environment(state_home: Path | None = None, **extra: str) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if name not in ("ACP_TOKEN", "NO_COLOR", "FORCE_COLOR")}
+    env["TERM"] = "xterm-256color"
+    # pexpect is a terminal that never answers prompt_toolkit's cursor position requests.
+    env["PROMPT_TOOLKIT_NO_CPR"] = "1"
+    if state_home is not None:
+        env["XDG_STATE_HOME"] = str(state_home)
+    return {**env, **extra}
+
+
+def spawn(*args: str, env: dict[str, str] | None = None) -> pexpect.spawn:
     child = pexpect.spawn(
         sys.executable,
         ["-m", "acp_channels.client", *args],
         cwd=str(ROOT),
+        env=env or environment(),
         encoding="utf-8",
         timeout=TIMEOUT,
         dimensions=(50, 200),
     )
+    child.logfile_read = io.StringIO()  # everything it printed
     return child
+
+
+def printed(child: pexpect.spawn) -> str:
+    log = child.logfile_read
+    assert isinstance(log, io.StringIO)
+    return log.getvalue()
 
 
 @pytest.fixture
 def terminal_log() -> Iterator[list[pexpect.spawn]]:
-    """Children to clean up; their output is shown when a test fails."""
+    """Children to clean up."""
     children: list[pexpect.spawn] = []
     yield children
     for child in children:
@@ -44,73 +109,96 @@ def terminal_log() -> Iterator[list[pexpect.spawn]]:
             child.terminate(force=True)
 
 
-def turn(child: pexpect.spawn, line: str, *expected: str) -> str:
-    """Type a prompt; expect each pattern in order, then the turn's end and a fresh prompt."""
-    child.sendline(line)
-    for pattern in expected:
-        child.expect(pattern)
-    child.expect(r"\[(end_turn|cancelled|max_tokens|refusal)\]|\[error ")
-    ended = child.after
-    child.expect("> ")
-    return str(ended)
+def type_line(child: pexpect.spawn, line: str) -> None:
+    child.send(line + ENTER)
 
 
-def test_terminal_session_against_our_server(demo_server: DaphneServer, terminal_log: list[pexpect.spawn]) -> None:
-    child = spawn(f"http://127.0.0.1:{demo_server.port}", "--verbose")
+def turn(child: pexpect.spawn, line: str) -> tuple[str, str]:
+    """Type a prompt; wait for the turn's end and a fresh prompt. Returns the stop reason and the
+    plain text printed during the turn."""
+    type_line(child, line)
+    child.expect(STOP)
+    during = plain(str(child.before))
+    reason = child.match.group(1)
+    child.expect(PROMPT)
+    return reason, during
+
+
+def lines_of(text: str) -> list[str]:
+    return [line.rstrip() for line in text.split("\n")]
+
+
+def test_terminal_session_against_our_server(
+    demo_server: DaphneServer, terminal_log: list[pexpect.spawn], state_home: Path
+) -> None:
+    child = spawn(f"http://127.0.0.1:{demo_server.port}", "--verbose", env=environment(state_home))
     terminal_log.append(child)
-    child.expect(r"Connected to ACP Channels demo agent 0\.1\.0 over HTTP\+SSE")
+    child.expect(r"Connected to .*ACP Channels demo agent 0\.1\.0.* over HTTP\+SSE")
     child.expect(r"connection (\S+)  session (\S+)")
     connection_id = child.match.group(1)
-    child.expect("> ")
+    child.expect(PROMPT)
 
-    assert turn(child, "echo hi", r"\r\nhi") == "[end_turn]"
-    assert turn(child, "stream 3 8", "0:xxxxxx1:xxxxxx2:xxxxxx") == "[end_turn]"
-    turn(
-        child,
-        "tool_calls",
-        r"\[tool\] Reading demo data \(read\): pending",
-        r"\[tool\] Reading demo data: in_progress",
-        r"\[tool\] Reading demo data: completed",
-        r"\| demo tool output",
+    reason, during = turn(child, "echo hi")
+    assert reason == "end_turn" and "hi" in lines_of(during)
+    reason, during = turn(child, "stream 3 8")
+    assert reason == "end_turn" and "0:xxxxxx1:xxxxxx2:xxxxxx" in lines_of(during)
+
+    reason, during = turn(child, "tool_calls")
+    assert reason == "end_turn"
+    shown = lines_of(during)
+    # One line per status: the mark, the title, the kind, the status; then the content.
+    for line in (
+        "  ○ Reading demo data (read) pending",
+        "  ◐ Reading demo data (read) in_progress",
+        "  ✓ Reading demo data (read) completed",
+        "    │ demo tool output",
         "tool call completed",
-    )
+    ):
+        assert line in shown, during
 
-    child.sendline("permission")
-    child.expect(r"\[permission\] Demo permission request")
-    child.expect(r"1\) Allow \[allow_once\]")
-    child.expect(r"2\) Reject \[reject_once\]")
-    child.expect("Choose 1-2: ")
-    child.sendline("maybe")
+    type_line(child, "permission")
+    child.expect("Choose 1-2:")
+    question = lines_of(plain(str(child.before)))
+    assert "? Permission: Demo permission request (edit)" in question
+    assert "  1) Allow   allow once" in question and "  2) Reject  reject once" in question
+    type_line(child, "maybe")
     child.expect("answer with a number or an option name")
-    child.expect("Choose 1-2: ")
-    child.sendline("1")
+    child.expect("Choose 1-2:")
+    type_line(child, "1")
+    child.expect("→ .*Allow")
     child.expect("permission: allow")
     child.expect(r"\[end_turn\]")
-    child.expect("> ")
+    child.expect(PROMPT)
 
-    child.sendline("fail")
-    child.expect(r"\[error -32603\] demo failure")
-    child.expect("> ")
+    type_line(child, "fail")
+    child.expect(r"error:.*demo failure \(-32603\)")
+    child.expect(PROMPT)
 
-    child.sendline("wait_for_cancel")
+    type_line(child, "wait_for_cancel")
     child.expect(r"POST session/prompt: HTTP 202")  # the server has the turn (--verbose log)
+    child.expect(r"working .*Ctrl-C cancels")  # the live indicator
     child.sendintr()
     child.expect("cancelling the turn")
     child.expect(r"\[cancelled\]")
-    child.expect("> ")
+    child.expect(PROMPT)
 
-    child.sendintr()  # at the prompt: a hint first
+    child.sendcontrol("c")  # at the prompt: a hint first
     child.expect("press Ctrl-C again")
-    child.expect("> ")
-    child.sendline("echo still here")
+    child.expect(PROMPT)
+    type_line(child, "echo still here")
     child.expect(r"\[end_turn\]")
-    child.expect("> ")
+    child.expect(PROMPT)
 
-    child.sendeof()  # Ctrl-D
+    child.sendcontrol("d")
     child.expect("Disconnected.")
     child.expect(pexpect.EOF)
     child.close()
-    assert child.exitstatus == 0, child.before
+    assert child.exitstatus == 0, printed(child)
+
+    output = printed(child)
+    assert plain(output).count("demo failure") == 1  # `fail` says it once
+    assert colour_codes(output), "a terminal gets colour"
+    assert "^[[A" not in output
 
     # The client sent DELETE: the connection is gone.
     with httpx.Client(timeout=10) as http:
@@ -121,24 +209,166 @@ def test_terminal_session_against_our_server(demo_server: DaphneServer, terminal
     assert not demo_server.errors()
 
 
+def test_up_recalls_earlier_prompts_across_runs(
+    demo: DaphneServer, terminal_log: list[pexpect.spawn], state_home: Path
+) -> None:
+    url = f"http://127.0.0.1:{demo.port}"
+    child = spawn(url, env=environment(state_home))
+    terminal_log.append(child)
+    child.expect(PROMPT)
+    turn(child, "echo first entry")
+    turn(child, "echo second entry")
+    child.send(UP + UP + ENTER)  # the one before the last
+    child.expect(STOP)
+    assert "first entry" in lines_of(plain(str(child.before)))
+    child.expect(PROMPT)
+    type_line(child, "/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+    history = state_home / "acp-channels" / "history"
+    assert history.stat().st_mode & 0o777 == 0o600  # prompts can hold anything
+    assert "+echo second entry" in history.read_text()
+
+    # A new run starts with the saved history.
+    child = spawn(url, env=environment(state_home))
+    terminal_log.append(child)
+    child.expect(PROMPT)
+    # Saved: "echo first entry", "echo second entry", "echo first entry" (recalled), "/quit".
+    child.send(UP + UP + UP + ENTER)
+    child.expect(STOP)
+    assert "second entry" in lines_of(plain(str(child.before)))
+    child.expect(PROMPT)
+    type_line(child, "/quit")
+    child.expect(pexpect.EOF)
+
+
+def test_no_history_keeps_nothing_on_disk(
+    demo: DaphneServer, terminal_log: list[pexpect.spawn], state_home: Path
+) -> None:
+    child = spawn(f"http://127.0.0.1:{demo.port}", "--no-history", env=environment(state_home))
+    terminal_log.append(child)
+    child.expect(PROMPT)
+    turn(child, "echo not kept")
+    child.send(UP + ENTER)  # still recalled within the run
+    child.expect(STOP)
+    assert "not kept" in lines_of(plain(str(child.before)))
+    child.expect(PROMPT)
+    type_line(child, "/quit")
+    child.expect(pexpect.EOF)
+    assert not state_home.exists()
+
+
+def test_help_lists_every_command(demo: DaphneServer, terminal_log: list[pexpect.spawn]) -> None:
+    child = spawn(f"http://127.0.0.1:{demo.port}")
+    terminal_log.append(child)
+    child.expect(PROMPT)
+    type_line(child, "/help")
+    child.expect("Anything else is sent to the agent as a prompt.")
+    shown = lines_of(plain(str(child.before)))
+    for names, what in COMMANDS:
+        assert any(line.startswith(f"  {', '.join(names)} ") and line.endswith(what) for line in shown), shown
+    for key in ("Up / Down", "Ctrl-C", "Ctrl-D"):
+        assert any(line.startswith(f"  {key} ") for line in shown)
+    child.expect(PROMPT)
+    type_line(child, "/info")
+    child.expect(r"connection \S+  session \S+")
+    child.expect(PROMPT)
+    type_line(child, "/quit")
+    child.expect("Disconnected.")
+    child.expect(pexpect.EOF)
+
+
+def test_no_color_on_a_terminal(demo: DaphneServer, terminal_log: list[pexpect.spawn]) -> None:
+    child = spawn(f"http://127.0.0.1:{demo.port}", env=environment(NO_COLOR="1"))
+    terminal_log.append(child)
+    child.expect(PROMPT)
+    turn(child, "tool_calls")
+    type_line(child, "fail")
+    child.expect(r"error:.*demo failure")
+    child.expect(PROMPT)
+    type_line(child, "/quit")
+    child.expect(pexpect.EOF)
+    output = printed(child)
+    assert "Reading demo data" in output
+    assert colour_codes(output) == []
+
+
+def run_piped(*args: str, stdin: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "acp_channels.client", *args],
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env or environment(),
+        timeout=TIMEOUT * 2,
+    )
+
+
+def test_plain_output_when_not_a_terminal(demo: DaphneServer) -> None:
+    """Through pipes: no escape sequence at all, a transcript that reads like the session, the
+    error once on stderr."""
+    result = run_piped(
+        f"http://127.0.0.1:{demo.port}", stdin="echo hi\ntool_calls\npermission\n2\nfail\n", env=environment()
+    )
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout + result.stderr
+    shown = lines_of(result.stdout)
+    for line in (
+        "> echo hi",
+        "hi",
+        "> tool_calls",
+        "  ✓ Reading demo data (read) completed",
+        "? Permission: Demo permission request (edit)",
+        "Choose 1-2: 2",
+        "  → Reject",
+        "permission: reject",
+        "Disconnected.",
+    ):
+        assert line in shown, result.stdout
+    assert result.stderr == "error: demo failure (-32603)\n"
+
+
+def test_a_wrong_url_is_one_line(demo: DaphneServer) -> None:
+    url = f"http://127.0.0.1:{demo.port}/acpx"
+    result = run_piped(url, stdin="")
+    assert result.returncode == 1
+    assert result.stderr == f"error: 404 Not Found from {url}/acp\n"  # not Django's HTML page
+    assert result.stdout == ""
+
+
+def test_a_wrong_url_on_a_terminal(demo: DaphneServer, terminal_log: list[pexpect.spawn]) -> None:
+    child = spawn(f"http://127.0.0.1:{demo.port}/acpx")
+    terminal_log.append(child)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 1
+    assert lines_of(plain(printed(child)).strip()) == [
+        f"error: 404 Not Found from http://127.0.0.1:{demo.port}/acpx/acp"
+    ]
+
+
 def test_terminal_against_the_typescript_sdk_server_over_websocket(
     ts_server: PeerServer, terminal_log: list[pexpect.spawn]
 ) -> None:
     child = spawn(f"ws://127.0.0.1:{ts_server.port}/acp")
     terminal_log.append(child)
-    child.expect(r"Connected to TS SDK peer agent 2\.4\.0 over WebSocket")
-    child.expect("> ")
-    assert turn(child, "echo from the terminal", "from the terminal") == "[end_turn]"
-    child.sendline("permission")
-    child.expect("Choose 1-2: ")
-    child.sendline("reject")
+    child.expect(r"Connected to .*TS SDK peer agent 2\.4\.0.* over WebSocket")
+    child.expect(PROMPT)
+    reason, during = turn(child, "echo from the terminal")
+    assert reason == "end_turn" and "from the terminal" in during
+    type_line(child, "permission")
+    child.expect("Choose 1-2:")
+    type_line(child, "reject")
     child.expect("permission: reject")
-    child.expect("> ")
-    child.sendline("/quit")
+    child.expect(PROMPT)
+    type_line(child, "/quit")
     child.expect("Disconnected.")
     child.expect(pexpect.EOF)
     child.close()
-    assert child.exitstatus == 0, child.before
+    assert child.exitstatus == 0, printed(child)
 
 
 def test_terminal_reports_a_server_that_goes_away(terminal_log: list[pexpect.spawn]) -> None:
@@ -148,12 +378,12 @@ def test_terminal_reports_a_server_that_goes_away(terminal_log: list[pexpect.spa
     try:
         child = spawn(f"http://127.0.0.1:{server.port}")
         terminal_log.append(child)
-        child.expect(r"Connected to ACP Channels demo agent 0\.1\.0 over HTTP\+SSE")
-        child.expect("> ")
-        assert turn(child, "echo before", "before") == "[end_turn]"
+        child.expect(r"Connected to .*ACP Channels demo agent 0\.1\.0.* over HTTP\+SSE")
+        child.expect(PROMPT)
+        assert turn(child, "echo before")[0] == "end_turn"
         assert server.process is not None
         server.process.kill()
-        child.expect(r"error: (connection|session \S+) SSE stream ended")
+        child.expect(r"error:.*(connection|session \S+) SSE stream ended")
         child.expect("Disconnected.")
         child.expect(pexpect.EOF)
         child.close()
@@ -165,31 +395,33 @@ def test_terminal_reports_a_server_that_goes_away(terminal_log: list[pexpect.spa
 def test_terminal_reports_a_server_that_is_not_there(terminal_log: list[pexpect.spawn]) -> None:
     child = spawn("http://127.0.0.1:9/acp", "--timeout", "5")
     terminal_log.append(child)
-    child.expect(r"error: initialize: ConnectError")
+    child.expect(r"error:.*no connection to http://127\.0\.0\.1:9/acp \(initialize: ConnectError")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 1
 
 
-def test_terminal_refuses_a_bad_url(terminal_log: list[pexpect.spawn]) -> None:
-    child = spawn("ftp://example.com")
-    terminal_log.append(child)
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 2
-    assert re.search(r"not an http\(s\):// or ws\(s\):// URL", child.before or "")
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ftp://example.com"], r"error: not an http\(s\):// or ws\(s\):// URL"),
+        (["http://127.0.0.1:9", "--timeout"], r"error: argument --timeout: expected one argument"),
+        ([], r"error: the following arguments are required: url"),
+    ],
+)
+def test_usage_errors_exit_2(args: list[str], message: str) -> None:
+    result = run_piped(*args, stdin="")
+    assert result.returncode == 2
+    assert re.search(f"^{message}", result.stderr, re.MULTILINE), result.stderr
+    assert "acp-client: error" not in result.stderr  # one prefix
 
 
 def spawn_with_environment(env: dict[str, str], *args: str) -> pexpect.spawn:
-    child = pexpect.spawn(
-        sys.executable, ["-m", "acp_channels.client", *args], cwd=str(ROOT), env=env, encoding="utf-8", timeout=TIMEOUT
-    )
-    child.logfile_read = io.StringIO()
-    return child
+    return spawn(*args, env=env)
 
 
 def without_acp_token(**extra: str) -> dict[str, str]:
-    return {**{name: value for name, value in os.environ.items() if name != "ACP_TOKEN"}, **extra}
+    return environment(**extra)
 
 
 def test_terminal_warns_about_a_token_on_the_command_line(terminal_log: list[pexpect.spawn]) -> None:
@@ -199,12 +431,12 @@ def test_terminal_warns_about_a_token_on_the_command_line(terminal_log: list[pex
         without_acp_token(ACP_TOKEN="from-the-environment"), "http://127.0.0.1:9/acp", "--token", "flag-token-1"
     )
     terminal_log.append(child)
-    child.expect(r"warning: a token given with --token is visible to other local users")
-    child.expect(r"error: initialize: ConnectError")
+    child.expect(r"warning:.*a token given with --token is visible to other local users")
+    child.expect(r"error:.*ConnectError")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 1
-    output = child.logfile_read.getvalue()
+    output = printed(child)
     assert "flag-token-1" not in output and "from-the-environment" not in output
 
 
@@ -212,11 +444,11 @@ def test_terminal_warns_about_a_token_sent_unencrypted_beyond_loopback(terminal_
     # 192.0.2.1 (TEST-NET-1) never answers: --timeout 1 ends the attempt.
     child = spawn_with_environment(without_acp_token(ACP_TOKEN="t0ken"), "http://192.0.2.1:9/acp", "--timeout", "1")
     terminal_log.append(child)
-    child.expect(r"warning: sending the token unencrypted to 192\.0\.2\.1 \(http://\); use https://")
+    child.expect(r"warning:.*sending the token unencrypted to 192\.0\.2\.1 \(http://\); use https://")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 1
-    assert "--token is visible" not in child.logfile_read.getvalue()
+    assert "--token is visible" not in printed(child)
 
 
 @pytest.mark.parametrize(
@@ -239,9 +471,59 @@ def test_terminal_refuses_unusable_credentials(
     env = without_acp_token(**({"ACP_TOKEN": token} if token is not None else {}))
     child = spawn_with_environment(env, *args)
     terminal_log.append(child)
-    child.expect(message)
+    child.expect("error: .*" + message)
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 2
     if token is not None:
-        assert token not in child.logfile_read.getvalue()
+        assert token not in printed(child)
+
+
+# ---------------------------------------------------------------- rendering, without a server
+
+
+class NoInput:
+    async def read(self, prompt: str, *, history: bool = True) -> str | object | None:
+        raise AssertionError("nothing should be asked")
+
+
+async def rendered(*updates: object) -> list[str]:
+    out = io.StringIO()
+    client = TerminalClient(Screen(out, io.StringIO()), NoInput())
+    for update in updates:
+        await client.session_update("s", update)
+    return lines_of(out.getvalue())
+
+
+async def test_a_plan_reads_at_a_glance() -> None:
+    shown = await rendered(
+        AgentPlanUpdate(
+            session_update="plan",
+            entries=[
+                PlanEntry(content="Read the code", priority="medium", status="completed"),
+                PlanEntry(content="Write the fix", priority="high", status="in_progress"),
+                PlanEntry(content="Run the tests", priority="low", status="pending"),
+            ],
+        )
+    )
+    assert shown[:4] == ["  plan", "    ✓ Read the code", "    ◐ Write the fix (high)", "    ○ Run the tests"]
+
+
+async def test_a_failed_tool_call_and_a_new_title() -> None:
+    shown = await rendered(
+        ToolCallStart(session_update="tool_call", tool_call_id="t1", title="Edit a.py", kind="edit"),
+        ToolCallProgress(session_update="tool_call_update", tool_call_id="t1", title="Edit b.py", status="failed"),
+    )
+    assert shown[:2] == ["  ○ Edit a.py (edit) pending", "  ✗ Edit b.py (edit) failed"]
+
+
+def test_errors_are_one_line() -> None:
+    page = "<!DOCTYPE html>\n<html><head><title>Page not found</title></head>\n<body>...</body></html>"
+    assert (
+        describe_error(HttpStatusError("initialize", 404, page), "http://h/x/acp")
+        == "404 Not Found from http://h/x/acp"
+    )
+    assert describe_error(HttpStatusError("POST", 409, "events lost\nmore"), "http://u:p@h/acp") == (
+        "409 Conflict from http://h/acp: events lost"  # the first line; never the URL's password
+    )
+    assert describe_error(HttpStatusError("POST", 599, "x" * 500)).endswith("…")

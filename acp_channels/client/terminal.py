@@ -559,14 +559,18 @@ async def run(
             task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.close(), (timeout or 30.0) + 5)
-        screen.line("Disconnected.", style="dim")
+        if session_id is not None:
+            screen.line("Disconnected.", style="dim")
     return status
 
 
 def _refusal_hint(error: AuthenticationError, kind: str) -> str:
     """What to do about a 401/403, in a line."""
-    if not error.credentials_sent and (error.status_code == 401 or kind == "ws"):
+    if not error.credentials_sent and error.status_code == 401:
         return "The server requires authentication: set ACP_TOKEN (or pass --token)."
+    if not error.credentials_sent and kind == "ws":
+        # Servers such as daphne refuse any WebSocket upgrade with 403, a wrong path too.
+        return "The server refused the WebSocket (403): it requires authentication (set ACP_TOKEN or pass --token), or the URL is wrong."
     if error.status_code == 401:
         return "The server refused the token: check ACP_TOKEN or --token."
     if kind == "ws":

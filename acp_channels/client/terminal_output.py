@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
 
-from .errors import HttpStatusError
+from .errors import HttpStatusError, NetworkError
 from .http_client import shown_url
 
 __all__ = ["STATUS_STYLES", "Marks", "Screen", "describe_error", "elapsed"]
@@ -71,8 +71,8 @@ def elapsed(seconds: float) -> str:
 
 def describe_error(error: BaseException | None, url: str | None = None) -> str:
     """One line for the user: a refused request as `404 Not Found from URL: reason` (the reason
-    only when the server sent a short plain-text one, never an HTML page), anything else as its
-    message's first line."""
+    only when the server sent a short plain-text one, never an HTML page), a network failure as
+    `no connection to URL (…)`, anything else as its message's first line."""
     if error is None:
         return "unknown error"
     if isinstance(error, HttpStatusError):
@@ -83,7 +83,10 @@ def describe_error(error: BaseException | None, url: str | None = None) -> str:
         where = f" from {shown_url(url)}" if url else ""
         reason = _plain_reason(error.body)
         return f"{error.status_code} {phrase}{where}" + (f": {reason}" if reason else "")
-    return _one_line(str(error) or type(error).__name__)
+    message = _one_line(str(error) or type(error).__name__)
+    if isinstance(error, NetworkError) and url:
+        return f"no connection to {shown_url(url)} ({message})"
+    return message
 
 
 def _plain_reason(body: str) -> str:
@@ -155,10 +158,11 @@ class Screen:
             self._at_line_start = text.endswith("\n")
             return
         *finished, rest = text.split("\n")
+        line = self.current_line
         for piece in finished:
-            self._commit(self.current_line + Text(piece, style=style))
-            self.current_line = Text()
-        line = self.current_line + Text(rest, style=style)
+            self._commit(line + Text(piece, style=style))
+            line = Text()
+        line = line + Text(rest, style=style)
         # Keep the live area one row high or so: whole rows of a long line go to the scrollback.
         width = max(self.out.width, 1)
         if cell_len(line.plain) > width:
@@ -168,6 +172,8 @@ class Screen:
         self.current_line = line
 
     def _commit(self, line: Text) -> None:
+        """Print a finished line above the live area (which must not show it a second time)."""
+        self.current_line = Text()
         self.out.print(line)
 
     def end_line(self) -> None:
@@ -176,7 +182,6 @@ class Screen:
         if self._live is not None:
             if self.current_line.plain:
                 self._commit(self.current_line)
-            self.current_line = Text()
         elif not self._at_line_start:
             self.out.print()
             self._at_line_start = True
