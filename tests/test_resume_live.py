@@ -293,6 +293,10 @@ async def test_the_bridge_with_no_reconnect_ends_at_a_cut(proxy: CutProxy, tmp_p
 # ------------------------------------------------------------------------------ the terminal
 
 
+#: The terminal client's prompt: prompt_toolkit draws "> " as ">", backspace, two columns right.
+TERMINAL_PROMPT = r">( |\x08\x1b\[2C)"
+
+
 @pytest.fixture
 def threaded_proxy(demo_server: DaphneServer | Cluster) -> Iterator[ThreadedCutProxy]:
     proxy = ThreadedCutProxy(first_worker(demo_server))
@@ -304,24 +308,24 @@ def test_the_terminal_says_reconnecting_then_resumed(threaded_proxy: ThreadedCut
     assert threaded_proxy.proxy is not None
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "acp_channels.client", threaded_proxy.proxy.url],
+        ["-m", "acp_channels.client", threaded_proxy.proxy.url, "--no-history"],
         cwd=str(ROOT),
         encoding="utf-8",
         timeout=STEP,
         dimensions=(50, 200),
     )
     try:
-        child.expect("> ")
-        child.sendline("echo before")
+        child.expect(TERMINAL_PROMPT)
+        child.send("echo before\r")
         child.expect(r"\[end_turn\]")
-        child.expect("> ")
+        child.expect(TERMINAL_PROMPT)
         assert threaded_proxy.cut(streams) == 2
         child.expect(r"\[reconnecting…\] (connection|session) stream")
         child.expect(r"\[resumed\] nothing was lost")
-        child.sendline("echo after")
+        child.send("echo after\r")
         child.expect("after")
         child.expect(r"\[end_turn\]")
-        child.sendline("/quit")
+        child.send("/quit\r")
         child.expect("Disconnected.")
         child.expect(pexpect.EOF)
     finally:

@@ -570,7 +570,10 @@ def _refusal_hint(error: AuthenticationError, kind: str) -> str:
         return "The server requires authentication: set ACP_TOKEN (or pass --token)."
     if not error.credentials_sent and kind == "ws":
         # Servers such as daphne refuse any WebSocket upgrade with 403, a wrong path too.
-        return "The server refused the WebSocket (403): it requires authentication (set ACP_TOKEN or pass --token), or the URL is wrong."
+        return (
+            "The server refused the WebSocket (403): it requires authentication "
+            "(set ACP_TOKEN or pass --token), or the URL is wrong."
+        )
     if error.status_code == 401:
         return "The server refused the token: check ACP_TOKEN or --token."
     if kind == "ws":

@@ -17,6 +17,8 @@ from typing import Protocol, TextIO
 from prompt_toolkit import PromptSession
 from prompt_toolkit.formatted_text import FormattedText
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
+from prompt_toolkit.output import create_output
+from prompt_toolkit.output.vt100 import Vt100_Output
 from prompt_toolkit.patch_stdout import patch_stdout
 
 from .terminal_output import Screen
@@ -55,8 +57,13 @@ class TerminalInput:
     """prompt_toolkit prompts: line editing, and the history for prompts (not for answers)."""
 
     def __init__(self, history: History) -> None:
-        self._prompts: PromptSession[str] = PromptSession(history=history)
-        self._answers: PromptSession[str] = PromptSession(history=InMemoryHistory())
+        output = create_output()
+        if isinstance(output, Vt100_Output):
+            # No cursor position requests: a one-line prompt has no menu to place, and a terminal
+            # that does not answer them (an expect script) would get a warning printed.
+            output.enable_cpr = False
+        self._prompts: PromptSession[str] = PromptSession(history=history, output=output)
+        self._answers: PromptSession[str] = PromptSession(history=InMemoryHistory(), output=output)
 
     async def read(self, prompt: str, *, history: bool = True) -> str | object | None:
         session = self._prompts if history else self._answers
