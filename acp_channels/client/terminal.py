@@ -248,6 +248,7 @@ class TerminalClient:
                 screen.line(f"  {screen.marks.answer} cancelled", style="yellow")
                 return _outcome(None)
             if answer is None:
+                screen.line(f"  {screen.marks.answer} cancelled (end of input)", style="yellow")
                 self.quit_requested = True
                 return _outcome(None)
             chosen = _pick(str(answer).strip(), options)
