@@ -5,7 +5,8 @@
 
     conn = acp.connect_to_agent(MyClient(), HttpClient("http://127.0.0.1:8000", token=os.environ["ACP_TOKEN"]))
 
-No Django here: a client needs only httpx, websockets and (for the terminal client) `acp`.
+No Django here: a client needs only httpx, websockets and (for the terminal client) `acp`,
+prompt_toolkit and rich.
 """
 
 from __future__ import annotations
