@@ -281,6 +281,28 @@ def test_help_lists_every_command(demo: DaphneServer, terminal_log: list[pexpect
     child.expect(pexpect.EOF)
 
 
+def test_ctrl_c_at_a_permission_question_cancels_the_turn(
+    demo: DaphneServer, terminal_log: list[pexpect.spawn]
+) -> None:
+    child = spawn(f"http://127.0.0.1:{demo.port}")
+    terminal_log.append(child)
+    child.expect(PROMPT)
+    type_line(child, "permission")
+    child.expect("Choose 1-2:")
+    child.sendcontrol("c")  # a key for prompt_toolkit, not a signal: the client must still cancel
+    child.expect("cancelling the turn")
+    child.expect("→ .*cancelled")
+    child.expect("permission: cancelled")
+    child.expect(STOP)
+    child.expect(PROMPT)
+    reason, _ = turn(child, "echo the session goes on")
+    assert reason == "end_turn"
+    type_line(child, "/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
 def test_no_color_on_a_terminal(demo: DaphneServer, terminal_log: list[pexpect.spawn]) -> None:
     child = spawn(f"http://127.0.0.1:{demo.port}", env=environment(NO_COLOR="1"))
     terminal_log.append(child)
