@@ -126,9 +126,8 @@ class Screen:
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
         # file=None: rich looks up sys.stdout at each write, so prompt_toolkit's patch_stdout
         # (used while a prompt is shown) catches it.
-        common = {"highlight": False, "markup": False, "emoji": False, "soft_wrap": True}
-        self.out = Console(file=out, **common)  # type: ignore[arg-type]
-        self.err = Console(file=err, stderr=err is None, **common)  # type: ignore[arg-type]
+        self.out = _console(out, stderr=False)
+        self.err = _console(err, stderr=err is None)
         self.animated = self.out.is_terminal and not self.out.is_dumb_terminal
         self.marks = UNICODE_MARKS if self.out.encoding.lower().replace("-", "").startswith("utf") else ASCII_MARKS
         self.current_line = Text()
@@ -260,6 +259,11 @@ class Screen:
         self._stop_live()
         started, self._turn_started = self._turn_started, None
         return time.monotonic() - started if started is not None else 0.0
+
+
+def _console(file: TextIO | None, *, stderr: bool) -> Console:
+    """Text printed as given: no markup, no emoji codes, no highlighting, no wrapping by rich."""
+    return Console(file=file, stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
 def _row_offsets(text: str, width: int) -> Iterator[int]:
