@@ -172,10 +172,13 @@ async def test_ready_fails_while_draining(http: httpx.AsyncClient) -> None:
     """A draining worker (SIGTERM) answers 503 until it is gone. Its drain waits for its open
     streams to end; here an SSE reader that stopped reading holds its stream open (the output
     its connection holds, a full budget, cannot be written), so the drain lasts its grace."""
-    budget = 1024 * 1024
+    # More than the kernel's largest send buffer (net.ipv4.tcp_wmem, 4 MiB by default): what the
+    # connection holds when its budget is full can never all be written while nobody reads.
+    budget = 16 * 1024 * 1024
     env = {
         "ACP_AGENT": "tests.wire_agent.create",
         "ACP_MAX_BUFFERED_BYTES": str(budget),
+        "ACP_REPLAY_WINDOW_BYTES": "0",
         "ACP_KEEPALIVE_SECONDS": "60",
         "ACP_SHUTDOWN_GRACE_SECONDS": "60",
     }
