@@ -6,7 +6,9 @@ class AcpChannelsConfig(AppConfig):
     verbose_name = "ACP Channels"
 
     def ready(self) -> None:
-        from acp_channels import checks, daphne_compat  # noqa: F401  (checks register themselves)
+        # checks register themselves; cluster_admin registers its ops on the worker bus,
+        # metrics_collector its scrape-time gauges on prometheus_client's registry
+        from acp_channels import checks, cluster_admin, daphne_compat, metrics_collector  # noqa: F401
 
         daphne_compat.install()
         _skip_database_request_hooks()

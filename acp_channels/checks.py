@@ -42,6 +42,12 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors += _check_number("REPLAY_WINDOW_EVENTS", int, "acp_channels.E029", zero=True)
     errors += _check_number("REPLAY_WINDOW_BYTES", int, "acp_channels.E030", zero=True)
     errors += _check_number("WEBSOCKET_RESUME_SECONDS", float, "acp_channels.E032", zero=True)
+    if not isinstance(acp_settings.METRICS, bool):
+        errors.append(
+            Error(
+                f"ACP_CHANNELS['METRICS'] must be True or False, not {acp_settings.METRICS!r}.", id="acp_channels.E033"
+            )
+        )
     errors += _check_budgets()
     errors += _check_cors()
     errors += _check_authentication(raw.get("AGENT"))

@@ -87,6 +87,10 @@ DEFAULTS: Final[dict[str, Any]] = {
     # Browser origins allowed to use the endpoint across origins (CORS through
     # django-cors-headers, and the WebSocket Origin check). Empty: cross-origin use is off.
     "CORS_ALLOWED_ORIGINS": [],
+    # Serve this worker's Prometheus metrics at /metrics (next to /acp). Off by default: they tell
+    # whoever can reach the URL how busy the site is; turn it on where only the scraper can reach
+    # it (docs/operations.md).
+    "METRICS": False,
 }
 
 

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 from autobahn.exception import PayloadExceededError
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from acp_channels import cors, daphne_compat, protocol
+from acp_channels import cors, daphne_compat, metrics, protocol
 from acp_channels.auth import SUBPROTOCOL, Refused, RequestContext, authenticate
 from acp_channels.conf import acp_settings
 from acp_channels.gateway import (
@@ -200,6 +200,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         """Accept (the connection id on the 101, under daphne through acp_channels.daphne_compat)
         and start writing the agent's messages."""
         self.socket = socket
+        metrics.record_stream_opened("websocket")  # closed in disconnect(), which sees self.socket
         self.connection_id = connection_id
         connection_header = (protocol.CONNECTION_HEADER.encode(), connection_id.encode())
         await self.accept(subprotocol, headers=[connection_header, *headers])
@@ -285,6 +286,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if self.writer is not None:
             self.writer.cancel()
         if self.socket is not None:
+            metrics.record_stream_closed("websocket")
             clean = code in CLEAN_CLOSE_CODES or not acp_settings.WEBSOCKET_RESUME_SECONDS
             await self.socket.detach("socket closed" if clean else None)
 

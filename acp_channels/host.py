@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from acp_channels import protocol
+from acp_channels import metrics, protocol
 from acp_channels.agents.channel import AgentChannel, AgentClosed
 from acp_channels.identity import ANONYMOUS, AgentContext, Principal, TransportKind
 from acp_channels.protocol import Batch, Frame, InboundPlan, Single, StreamKey, parse_event_id
@@ -650,6 +650,7 @@ class ConnectionHost:
         self._pending_requests += len(plan.routes)
         for session_id in plan.sessions:  # a stream no reply will go to is not kept
             self._collect(session_id)
+        metrics.record_messages_in(self.transport, plan.frame)
         await self.agent.send(plan.frame)
 
     async def _submit_to_socket_agent(self, frame: Frame) -> None:
@@ -673,6 +674,7 @@ class ConnectionHost:
         for message in protocol.frame_messages(frame):
             if message.get("method") == protocol.INITIALIZE_METHOD and message.get("id") is not None:
                 self._socket_initializing.add(protocol.id_key(message["id"]))
+        metrics.record_messages_in(self.transport, frame)
         await self.agent.send(frame)
 
     def _match_responses(self, plan: InboundPlan) -> None:
@@ -691,11 +693,13 @@ class ConnectionHost:
         Whatever else the agent sends meanwhile is routed to mailboxes for SSE. The router
         starts only once the connection is accepted.
         """
+        metrics.record_messages_in(self.transport, frame)
         await self.agent.send(frame)
         while True:
             output = await self.agent.receive()
             if output is None:
                 raise AgentEnded("agent closed before initialize response")
+            metrics.record_messages_out(self.transport, output)
             reply = protocol.find_reply(output, init_id)
             if reply is None:
                 self._route(output)
@@ -914,6 +918,7 @@ class ConnectionHost:
                 frame = await self.agent.receive()
                 if frame is None:
                     break
+                metrics.record_messages_out(self.transport, frame)
                 self._route(frame)
         except asyncio.CancelledError:
             return  # terminate() owns the cleanup

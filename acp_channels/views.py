@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from acp_channels import cors, protocol
+from acp_channels import cors, metrics, protocol
 from acp_channels.auth import Refused, RequestContext, authenticate
 from acp_channels.conf import acp_settings
 from acp_channels.gateway import (
@@ -342,6 +342,7 @@ async def sse_body(lease: StreamReader, keepalive: float) -> AsyncGenerator[byte
     for them before they POST (§13).
     """
     lifecycle.stream_opened()
+    metrics.record_stream_opened("sse")
     try:
         yield protocol.SSE_OPENING
         tag = lease.tag
@@ -354,6 +355,7 @@ async def sse_body(lease: StreamReader, keepalive: float) -> AsyncGenerator[byte
     finally:
         lease.release()
         lifecycle.stream_closed()
+        metrics.record_stream_closed("sse")
 
 
 # -- DELETE ----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import Any, Final, TypeVar
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
+from acp_channels.metrics import measured_call
 from acp_channels.worker_protocol import (
     RECEIPT_AFTER,
     ErrorReply,
@@ -274,6 +275,7 @@ class Bus:
 
     # -- calling other workers ---------------------------------------------------------------
 
+    @measured_call(refused=ErrorReply, unreachable=HostUnreachable, busy=AgentBusy, layer=LayerUnavailable)
     async def call(self, worker_id: str, op: Op, *, timeout: float, receipt: bool = False) -> Reply:
         """Send an operation to a worker and wait for its reply: one the op may get
         (`op.replies`); any other (Internal, UnknownOp, Malformed) raises WorkerFailed.

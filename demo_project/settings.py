@@ -122,6 +122,9 @@ def _authentication() -> dict[str, Any]:
 
 ACP_CHANNELS = {
     "AGENT": _agent(),
+    # Prometheus metrics at /metrics (off by default): the demo serves loopback only. A site
+    # reachable from outside serves them where only its scraper can reach (docs/operations.md).
+    "METRICS": True,
     "CORS_ALLOWED_ORIGINS": _origins(os.environ.get("ACP_CORS_ALLOWED_ORIGINS", "")),
     **_authentication(),
     **_acp_settings_from_environment(),

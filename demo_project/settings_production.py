@@ -16,7 +16,7 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 
 from demo_project.settings import *  # noqa: F403
-from demo_project.settings import MIDDLEWARE
+from demo_project.settings import ACP_CHANNELS, MIDDLEWARE
 
 
 def _required(name: str) -> str:
@@ -28,10 +28,14 @@ def _required(name: str) -> str:
     return value
 
 
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def _require_authentication() -> None:
     """Production never serves anonymously by accident: a token (ACP_TOKEN), an authenticator
     (ACP_AUTHENTICATE), or anonymous access asked for in so many words (ACP_ALLOW_ANONYMOUS=1)."""
-    anonymous = os.environ.get("ACP_ALLOW_ANONYMOUS", "").strip().lower() in ("1", "true", "yes", "on")
+    anonymous = _flag("ACP_ALLOW_ANONYMOUS")
     if not (os.environ.get("ACP_TOKEN") or os.environ.get("ACP_AUTHENTICATE") or anonymous):
         raise ImproperlyConfigured(
             "ACP_TOKEN or ACP_AUTHENTICATE must be set in the environment, or ACP_ALLOW_ANONYMOUS=1 to serve "
@@ -40,6 +44,9 @@ def _require_authentication() -> None:
 
 
 _require_authentication()
+# /metrics tells whoever reaches it how busy the site is: on only when asked (ACP_METRICS=1), where
+# only the scraper reaches the workers' own ports (docs/operations.md).
+ACP_CHANNELS = {**ACP_CHANNELS, "METRICS": _flag("ACP_METRICS")}
 DEBUG = False
 SECRET_KEY = _required("DJANGO_SECRET_KEY")
 ALLOWED_HOSTS = [host.strip() for host in _required("ACP_ALLOWED_HOSTS").split(",") if host.strip()]
@@ -48,7 +55,7 @@ ALLOWED_HOSTS = [host.strip() for host in _required("ACP_ALLOWED_HOSTS").split("
 # request.is_secure() and the WebSocket same-origin check then see https/wss.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = True
-SECURE_REDIRECT_EXEMPT = [r"^health$"]  # load balancer probes over plain HTTP
+SECURE_REDIRECT_EXEMPT = [r"^health$", r"^ready$", r"^metrics$"]  # probes and scrapers over plain HTTP
 SECURE_HSTS_SECONDS = 31_536_000  # one year; start lower (e.g. 3600) until TLS is known good
 SECURE_HSTS_INCLUDE_SUBDOMAINS = True
 SECURE_HSTS_PRELOAD = True

@@ -1,4 +1,4 @@
-"""System checks for ACP_CHANNELS (acp_channels.E001...E032, W001...W004)."""
+"""System checks for ACP_CHANNELS (acp_channels.E001...E033, W001...W004)."""
 
 from __future__ import annotations
 
@@ -596,3 +596,20 @@ def test_cors_allow_headers_lists_each_name_once_defaults_first() -> None:
     assert len(merged) == len(set(merged))
     assert merged[: len(default_headers)] == tuple(default_headers)
     assert set(merged) == {*default_headers, "x-site-header", *ACP_ALLOW_HEADERS}
+
+
+# E033: Prometheus metrics at /metrics
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None, "True"], ids=repr)
+def test_metrics_is_a_boolean(settings: Any, bad: Any) -> None:
+    acp(settings, METRICS=bad)
+    messages = check_settings()
+    assert [m.id for m in messages] == ["acp_channels.E033"]
+    assert messages[0].msg == f"ACP_CHANNELS['METRICS'] must be True or False, not {bad!r}."
+
+
+@pytest.mark.parametrize("good", [True, False])
+def test_metrics_may_be_on_or_off(settings: Any, good: bool) -> None:
+    acp(settings, METRICS=good)
+    assert check_settings() == []
