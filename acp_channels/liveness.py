@@ -72,8 +72,10 @@ class Heartbeat:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, layer: Any, worker_id: str) -> None:
-        """Start beating for `worker_id` (idempotent); call from the worker's event loop."""
+    def start(self, layer: Any, worker_id: str, *, beat: bool = True) -> None:
+        """Connect to the layer's Redis to check other workers and, with `beat`, start beating
+        for `worker_id` (idempotent); call from the worker's event loop. Without `beat` (a
+        process that hosts no connection) no worker counts this process as one."""
         hosts = getattr(layer, "hosts", None)
         if not hosts:
             return
@@ -81,6 +83,8 @@ class Heartbeat:
         self._worker_id = worker_id
         if self._redis is None:
             self._redis = _client(hosts[0])
+        if not beat:
+            return
         loop = asyncio.get_running_loop()
         if self._ticker is None or self._ticker.cancelled():
             self._tick(loop)
@@ -133,6 +137,28 @@ class Heartbeat:
             self._ticker.cancel()
         if self._thread is not None:
             self._thread.join(CHECK_TIMEOUT + BEAT_INTERVAL)
+            self._thread = None
+
+    async def live_workers(self) -> list[str]:
+        """The ids of the workers whose heartbeat is there and whose beating connection Redis
+        still has (this one included, once it beat): a killed worker is not listed, although
+        its key outlives it."""
+        if self._redis is None:
+            return []
+        prefix = self.key("")
+        pattern = "".join("\\" + char if char in "*?[]\\" else char for char in prefix) + "*"
+        keys = [key async for key in self._redis.scan_iter(match=pattern, count=1000)]
+        if not keys:
+            return []
+        beating: dict[str, int] = {}
+        for key, value in zip(keys, await self._redis.mget(keys), strict=True):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            with contextlib.suppress(TypeError, ValueError):  # gone since the scan, or not ours
+                beating[name.removeprefix(prefix)] = int(value)
+        if not beating:
+            return []
+        connected = {int(entry["id"]) for entry in await self._redis.client_list(client_id=list(beating.values()))}
+        return sorted(worker for worker, client_id in beating.items() if client_id in connected)
 
     async def alive(self, worker_id: str) -> bool:
         """False when Redis answers that `worker_id` has no heartbeat (or there is no heartbeat

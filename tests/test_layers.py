@@ -18,6 +18,7 @@ from redis.asyncio import BlockingConnectionPool
 from acp_channels.layers import DEFAULT_SOCKET_TIMEOUT, RedisChannelLayer
 from acp_channels.views import host_unavailable
 from acp_channels.worker import Bus, LayerUnavailable, WorkerBusy
+from acp_channels.worker_protocol import Alive, Probe, encode_op
 from tests.cluster import RedisServer
 
 
@@ -74,26 +75,25 @@ async def test_a_process_channel_keeps_channels_redis_send(layer: RedisChannelLa
 
 async def test_an_op_that_expired_before_its_worker_took_it_is_dropped() -> None:
     bus = Bus()
-    served: list[dict[str, Any]] = []
+    served: list[str] = []
 
-    async def handler(message: dict[str, Any]) -> dict[str, Any]:
-        served.append(message)
-        return {"ok": True}
+    async def handler(op: Probe) -> Alive:
+        served.append(op.lease)
+        return Alive(True)
 
-    bus.handle("ping", handler)
-    replies: list[tuple[str, dict[str, Any]]] = []
+    bus.handle(Probe, handler)
+    replies: list[dict[str, Any]] = []
 
     async def send(channel: str, message: dict[str, Any]) -> None:
-        replies.append((channel, message))
+        replies.append(message)
 
     bus.send = send  # type: ignore[method-assign]
-    base = {"type": "acp.op", "op": "ping", "reply_to": "acp.worker.caller", "receipt": True}
-    bus._dispatch({**base, "id": "late", "expires": time.time() - 1})
-    bus._dispatch({**base, "id": "in-time", "expires": time.time() + 30})
-    bus._dispatch({**base, "id": "no-expiry"})
+    now = time.time()
+    for lease, expires in (("late", now - 1), ("in-time", now + 30), ("no-expiry", None)):
+        bus._dispatch(encode_op(Probe(lease), lease, "acp.worker.caller", receipt=True, expires=expires))
     await asyncio.gather(*bus._tasks)
-    assert [m["id"] for m in served] == ["in-time", "no-expiry"]
-    assert {message["id"] for _, message in replies} == {"in-time", "no-expiry"}
+    assert served == ["in-time", "no-expiry"]
+    assert {message["id"] for message in replies} == {"in-time", "no-expiry"}
 
 
 def test_a_busy_worker_or_a_failed_send_is_503_with_retry_after() -> None:
