@@ -12,6 +12,7 @@ class AcpChannelsConfig(AppConfig):
 
         daphne_compat.install()
         _skip_database_request_hooks()
+        _import_the_agent()
         from acp_channels.cors import enable_cors_for_acp
 
         try:
@@ -19,6 +20,25 @@ class AcpChannelsConfig(AppConfig):
         except ImportError:  # checks.py reports it when CORS is configured
             return
         check_request_enabled.connect(enable_cors_for_acp, dispatch_uid="acp_channels.cors")
+
+
+def _import_the_agent() -> None:
+    """Import the agent's code now, not at the first connection: importing an SDK agent (the
+    `acp` SDK, pydantic models) takes seconds on a busy core, and a burst of WebSocket upgrades
+    waiting behind it outlives daphne's handshake timeout (5 s by default: 403, or a reset).
+    A setting that does not import is left to the system checks."""
+    import contextlib
+
+    from django.utils.module_loading import import_string
+
+    from acp_channels.conf import acp_settings
+
+    agent = acp_settings.AGENT
+    with contextlib.suppress(Exception):
+        import acp_channels.agents.sdk  # noqa: F401  (the acp SDK, for every in-process agent)
+
+        if isinstance(agent, str) and agent:
+            import_string(agent)
 
 
 def _skip_database_request_hooks() -> None:

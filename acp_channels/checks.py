@@ -331,3 +331,59 @@ def _check_middleware() -> list[CheckMessage]:
             )
         ]
     return []
+
+
+#: The stock channels-redis layers, whose Redis client settings cannot carry a burst (layers.py).
+_STOCK_REDIS_LAYERS = frozenset(
+    {"channels_redis.core.RedisChannelLayer", "channels_redis.pubsub.RedisPubSubChannelLayer"}
+)
+OUR_REDIS_LAYER = "acp_channels.layers.RedisChannelLayer"
+#: Connections a worker's pool needs at least: the inbox's blocking receive holds one, and
+#: a few calls must be able to run beside it.
+MIN_POOL_SIZE = 8
+
+
+@register(Tags.compatibility)
+def check_channel_layer(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """The default channel layer (what several workers share) can carry a burst of clients."""
+    layers = getattr(settings, "CHANNEL_LAYERS", None)
+    default = layers.get("default") if isinstance(layers, Mapping) else None
+    if not isinstance(default, Mapping):
+        return []
+    backend = default.get("BACKEND")
+    config = default.get("CONFIG") or {}
+    if backend in _STOCK_REDIS_LAYERS:
+        return [
+            Warning(
+                f"CHANNEL_LAYERS['default'] is {backend}: under a burst of clients its Redis connection pool "
+                "fails calls between workers (MaxConnectionsError past 100 commands in flight: 503s), and with "
+                "redis-py 8 a message Redis pops as its 5 s read timeout strikes is lost.",
+                hint=f'Use "BACKEND": "{OUR_REDIS_LAYER}" (the same configuration; its pool waits for a free '
+                "connection, sends take one round trip, and Redis replies may take 30 s). See "
+                "docs/several-workers.md.",
+                id="acp_channels.W005",
+            )
+        ]
+    if backend != OUR_REDIS_LAYER or not isinstance(config, Mapping):
+        return []
+    errors: list[CheckMessage] = []
+    size = config.get("pool_size", MIN_POOL_SIZE)
+    if not isinstance(size, int) or isinstance(size, bool) or size < MIN_POOL_SIZE:
+        errors.append(
+            Error(
+                f"CHANNEL_LAYERS['default']['CONFIG']['pool_size'] must be an integer of at least {MIN_POOL_SIZE}, "
+                f"not {size!r}.",
+                hint="The inbox of each worker holds one connection in a blocking receive; calls need the rest.",
+                id="acp_channels.E034",
+            )
+        )
+    timeout = config.get("pool_timeout", 1.0)
+    if timeout is not None and (not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0):
+        errors.append(
+            Error(
+                "CHANNEL_LAYERS['default']['CONFIG']['pool_timeout'] must be a positive number of seconds or None, "
+                f"not {timeout!r}.",
+                id="acp_channels.E034",
+            )
+        )
+    return errors

@@ -63,11 +63,13 @@ from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import Frame, InboundPlan, SessionHeaderError, StreamKey
 from acp_channels.worker import (
     MAX_TAKE_BYTES,
+    SLOW_WORKER_PATIENCE,
     TAKE_WAIT,
     WORKER_ID,
     AgentBusy,
     HostUnreachable,
     LayerUnavailable,
+    WorkerBusy,
     bus,
     lease_idle_limit,
     new_connection_id,
@@ -409,6 +411,8 @@ class RemoteStream:
         self._end: PushEnded | None = None
         self._arrived = asyncio.Event()
         self._ack_timer: asyncio.TimerHandle | None = None
+        #: When the keep-alives began to fail (WorkerBusy, LayerUnavailable), if they do.
+        self._failing_since: float | None = None
         #: Why `take` returned None.
         self.end_reason: SocketEnd = "ended"
         # Before the lease is asked for: the host may push before its answer arrives.
@@ -457,7 +461,7 @@ class RemoteStream:
             self._arrived.clear()
             wait = keep_alive_at - now if deadline is None else min(keep_alive_at, deadline) - now
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):  # not wait_for: see Bus._reply_from
+                async with asyncio.timeout(wait):  # not wait_for: see liveness.reply_or_gone
                     await self._arrived.wait()
         self.end_reason = "draining"
         return None
@@ -465,13 +469,25 @@ class RemoteStream:
     async def _keep_alive(self) -> bool:
         """Tell the host this reader is still here (and what it wrote); False: the stream ends."""
         self._cancel_ack_timer()
+        loop = asyncio.get_running_loop()
         try:
             # With a receipt: a host worker that is slow but alive (heartbeat) is waited for.
             op = KeepAlive(self.lease_id, self.written)
             reply = await bus.call(self.worker_id, op, timeout=worker_timeout(), receipt=True)
-        except Exception:  # HostUnreachable, LayerUnavailable, WorkerFailed: the stream ends
+        except (WorkerBusy, LayerUnavailable):
+            # The host's worker is alive but too busy, or Redis failed a send: the stream is
+            # not cut for that; the next keep-alive tries again (if the host gave the lease up
+            # meanwhile, it says so). Until the failures have lasted as long as a slow worker
+            # is waited for.
+            self._failing_since = loop.time() if self._failing_since is None else self._failing_since
+            if loop.time() - self._failing_since <= SLOW_WORKER_PATIENCE:
+                return True
             self.end_reason = "gone"
             return False
+        except Exception:  # HostUnreachable, WorkerFailed: the stream ends
+            self.end_reason = "gone"
+            return False
+        self._failing_since = None
         if isinstance(reply, Ended):
             self._batches.clear()  # the host took them back for the next reader
             self.end_reason = "taken" if reply.reason == "taken" else "lost"
@@ -865,6 +881,7 @@ __all__ = [
     "StreamReader",
     "TooManyRequests",
     "TooManyStreams",
+    "WorkerBusy",
     "WorkerFailed",
     "cluster_connections",
     "end_connection",

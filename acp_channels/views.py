@@ -32,6 +32,7 @@ from acp_channels.gateway import (
     StreamReader,
     TooManyRequests,
     TooManyStreams,
+    WorkerBusy,
     WorkerFailed,
     locate,
     open_connection,
@@ -69,6 +70,11 @@ RETRY_AFTER_CONNECTION_CAP = 1
 SHUTTING_DOWN = "this server is shutting down; connect again"
 LAYER_UNAVAILABLE = "the channel layer is unavailable; try again"
 AGENT_BUSY = "the agent did not take the message in time; try again"
+WORKER_BUSY = "the connection's worker is overloaded and did not take the request; try again"
+#: A live worker too busy to take a call (it expired unserved there), the layer failing a send,
+#: or a draining worker: nothing was done, so the client may send the same request again
+#: (HttpClient does, after this many seconds).
+RETRY_AFTER_BUSY = 1
 AGENT_NOT_STARTED = "the agent could not be started (see the server log)"
 
 
@@ -236,8 +242,8 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int, princi
 
     try:
         connection = open_connection("http", principal, RequestContext.for_http(request).remote_address)
-    except ShuttingDown:
-        return text_response(503, SHUTTING_DOWN)
+    except ShuttingDown:  # another worker will take it
+        return retry_later(503, SHUTTING_DOWN, RETRY_AFTER_BUSY)
     except QuotaExceeded as error:
         return retry_later(429, TOO_MANY_CONNECTIONS_FOR_PRINCIPAL.format(limit=error.limit), RETRY_AFTER_CONNECTIONS)
     except ServerFull as error:
@@ -380,8 +386,9 @@ REACHING_THE_HOST = (HostUnreachable, LayerUnavailable, AgentBusy, WorkerFailed)
 
 
 def host_unavailable(error: Exception) -> HttpResponse:
-    """The host's worker is gone (404), the layer is down, or the agent is stuck (503); the
-    host's worker failed to handle the call (500, and a log line here too)."""
+    """The host's worker is gone (404: its heartbeat is gone), the layer is down or the live
+    worker too busy to take the call (503, try again), or the agent is stuck (503); the host's
+    worker failed to handle the call (500, and a log line here too)."""
     if isinstance(error, HostUnreachable):
         return text_response(404)
     if isinstance(error, WorkerFailed):
@@ -389,5 +396,8 @@ def host_unavailable(error: Exception) -> HttpResponse:
         return text_response(500, f"the connection's worker failed to handle {error.op}")
     if isinstance(error, LayerUnavailable):
         logger.warning("channel layer unavailable: %s", error)
-        return text_response(503, LAYER_UNAVAILABLE)
+        return retry_later(503, LAYER_UNAVAILABLE, RETRY_AFTER_BUSY)
+    if isinstance(error, WorkerBusy):
+        logger.warning("%s", error)
+        return retry_later(503, WORKER_BUSY, RETRY_AFTER_BUSY)
     return text_response(503, AGENT_BUSY)

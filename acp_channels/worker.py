@@ -4,14 +4,20 @@ Every worker process has an id and an inbox channel (`acp.worker.<id>`). A conne
 the id of the worker that hosts it (`<uuid4>.<worker id>`), so any worker can reach the host
 without a lookup. Operations travel as request/response messages:
 
-- `submit` is acknowledged twice: `received` at once (the host's worker is alive; a dead worker
-  gives a 404 within WORKER_TIMEOUT_SECONDS) and the result once the frame is queued for the agent (the
-  agent may apply backpressure; that is not a failure).
-- `lease`, `take`, `release`, `terminate`: the SSE reader on another worker pulls batches with
-  `take`, acknowledging the previous batch, so nothing is lost when a reader's worker dies: the
-  host puts an unacknowledged batch back and a new reader gets it, in order. A new reader that
-  finds the stream leased by a reader on another worker asks that worker (`probe`) whether the
-  reader still exists, and takes the stream over if not.
+- a call with a receipt (`submit`, `lease`, ...) is answered with its result, or with a receipt
+  first when the result is not ready at once (the host's worker took the call) and the result
+  once it is (the agent may apply backpressure; that is not a failure).
+- the host pushes a stream's batches to its reader on another worker, which acknowledges them,
+  so nothing is lost when a reader's worker dies: the host puts unacknowledged batches back and
+  a new reader gets them, in order. A new reader that finds the stream leased by a reader on
+  another worker asks that worker (`probe`) whether the reader still exists, and takes the
+  stream over if not.
+
+Liveness comes from the heartbeat (`acp_channels.liveness`), never from latency: a late answer
+is waited for while the other worker's heartbeat says it is alive. A dead worker is a 404 at
+once (HostUnreachable); a live one too busy to take a call within SLOW_WORKER_PATIENCE is a 503
+the client may retry (WorkerBusy): the call carries an `expires`, and a worker that finds it
+later drops it unserved, so a retried request is not done twice.
 
 Nothing here relies on `group_send` (which skips full members silently): every message that
 matters is a direct send with a reply or a retry.
@@ -31,6 +37,7 @@ from typing import Any, Final, TypeVar
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
+from acp_channels.liveness import Heartbeat, WorkerGone, reply_or_gone
 from acp_channels.metrics import measured_call
 from acp_channels.worker_protocol import (
     RECEIPT_AFTER,
@@ -51,6 +58,7 @@ from acp_channels.worker_protocol import (
     encode_receipt,
     encode_reply,
     expect,
+    expired,
 )
 
 logger = logging.getLogger(__name__)
@@ -70,8 +78,11 @@ def worker_timeout() -> float:
 
 
 def lease_idle_limit() -> float:
-    """A remote reader silent this long (no pull) is gone; its stream is released."""
-    return TAKE_WAIT + 3 * worker_timeout()
+    """A remote reader silent this long (no acknowledgement, no keep-alive) is gone; its stream
+    is released. As long as a slow worker is waited for: under a burst a live reader's call came
+    7.5 s late and the stream was released under it ("lost"). A reader whose worker died is
+    replaced sooner: a new reader's lease asks that worker (`probe`)."""
+    return TAKE_WAIT + worker_timeout() + SLOW_WORKER_PATIENCE + RECEIPT_GRACE
 
 
 def inbox_channel(worker_id: str) -> str:
@@ -96,76 +107,25 @@ class AgentBusy(Exception):
     """The host's worker received the call, but the agent did not take the frame in time: 503."""
 
 
+class WorkerBusy(AgentBusy):
+    """The host's worker is alive (its heartbeat is there) but did not take the call in time;
+    the call expired unserved there, so trying again is safe: 503 with Retry-After."""
+
+
 class LayerUnavailable(Exception):
     """The channel layer itself failed (Redis down): 503."""
 
 
 OpHandler = Callable[[Any], Awaitable[Reply | None]]
 PushReceiver = Callable[[Pushed | PushEnded], None]
-T = TypeVar("T")
 OpT = TypeVar("OpT", bound=Op)
 
-HEARTBEAT_INTERVAL: Final = 0.25
-ALIVE_TTL_MS: Final = 1500  # a worker silent this long is dead (a kill -9 is a 404 within 2 s)
-SLOW_WORKER_PATIENCE: Final = 30.0  # how long to wait for a live but overloaded worker
-
-
-class Heartbeat:
-    """Each worker refreshes a short-lived Redis key; others read it to tell a dead worker
-    (404 at once) from a slow one (wait). Uses the channels-redis layer's own connection; with
-    another layer there is no heartbeat and a late answer means dead, as before."""
-
-    def __init__(self) -> None:
-        self._redis: Any = None
-        self._prefix = ""
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self, layer: Any, *, beat: bool = True) -> None:
-        """Connect to the layer's Redis; with `beat`, refresh this worker's key from now on."""
-        hosts = getattr(layer, "hosts", None)
-        if not hosts:
-            return
-        if self._redis is None:
-            # A pool of its own: heartbeats must not queue behind (or starve) the layer's traffic.
-            from channels_redis.utils import create_pool
-            from redis.asyncio import Redis
-
-            self._redis = Redis(connection_pool=create_pool(hosts[0]))
-            self._prefix = str(getattr(layer, "prefix", "asgi"))
-        if beat and (self._task is None or self._task.done()):
-            self._task = asyncio.get_running_loop().create_task(self._beat(), name="acp-worker-heartbeat")
-
-    def _key(self, worker_id: str) -> str:
-        return f"{self._prefix}acp.alive.{worker_id}"
-
-    async def _beat(self) -> None:
-        key = self._key(WORKER_ID)
-        while True:
-            with contextlib.suppress(Exception):  # Redis down: the calls themselves report it
-                async with asyncio.timeout(ALIVE_TTL_MS / 1000):
-                    await self._redis.set(key, b"1", px=ALIVE_TTL_MS)
-            await asyncio.sleep(HEARTBEAT_INTERVAL)  # a period, not a wait for an event
-
-    async def live_workers(self) -> list[str]:
-        """The ids of the workers whose heartbeat is fresh (this one included, once it beat)."""
-        if self._redis is None:
-            return []
-        prefix = self._key("")
-        pattern = "".join("\\" + char if char in "*?[]\\" else char for char in prefix) + "*"
-        found = []
-        async for key in self._redis.scan_iter(match=pattern, count=1000):
-            name = key.decode() if isinstance(key, bytes) else str(key)
-            found.append(name.removeprefix(prefix))
-        return sorted(found)
-
-    async def alive(self, worker_id: str) -> bool:
-        if self._redis is None:
-            return False
-        try:
-            async with asyncio.timeout(HEARTBEAT_INTERVAL * 2):
-                return bool(await self._redis.exists(self._key(worker_id)))
-        except Exception:
-            return False
+#: How long a live but overloaded worker is waited for to take a call (its heartbeat is there)
+#: before 503; the call expires then.
+SLOW_WORKER_PATIENCE: Final = 30.0
+#: A call's receipt is waited for this much past its expiry: a worker that takes the call just
+#: before it expires has this long to get its receipt through. Past it the call was dropped.
+RECEIPT_GRACE: Final = 5.0
 
 
 class RedisInbox:
@@ -187,18 +147,22 @@ class RedisInbox:
         return length + 1
     """
     RECEIVE_BATCH: Final = 64
-    BLOCK_SECONDS: Final = 5
+    #: The longest a receive blocks in Redis; well under the connection's read timeout (at most
+    #: a third of it), or a message Redis pops as the read times out is lost with the connection.
+    BLOCK_SECONDS: Final = 5.0
 
     def __init__(self, layer: Any) -> None:
-        from channels_redis.utils import create_pool
         from redis.asyncio import Redis
 
         self._layer = layer
         self._prefix = str(getattr(layer, "prefix", "asgi"))
         self._expiry_ms = int(float(getattr(layer, "expiry", 60)) * 1000)
-        self._redis = Redis(connection_pool=create_pool(layer.hosts[0]))
+        self._redis = Redis(connection_pool=inbox_pool(layer, int(getattr(layer, "pool_size", 100))))
         # A blocking pop holds its connection: one of its own, never queued behind sends.
-        self._receiver = Redis(connection_pool=create_pool(layer.hosts[0]))
+        receiver_pool = inbox_pool(layer, 2)
+        self._receiver = Redis(connection_pool=receiver_pool)
+        read_timeout = receiver_pool.connection_kwargs.get("socket_timeout")
+        self.block_seconds = self.BLOCK_SECONDS if not read_timeout else min(self.BLOCK_SECONDS, read_timeout / 3)
         self._send_script = self._redis.register_script(self.SEND)
 
     @classmethod
@@ -223,11 +187,26 @@ class RedisInbox:
     async def receive(self, channel: str) -> list[dict[str, Any]]:
         """The next messages (waits up to BLOCK_SECONDS; empty if none came)."""
         popped = await self._receiver.blmpop(
-            self.BLOCK_SECONDS, 1, self._key(channel), direction="LEFT", count=self.RECEIVE_BATCH
+            self.block_seconds, 1, self._key(channel), direction="LEFT", count=self.RECEIVE_BATCH
         )
         if not popped:
             return []
         return [self._layer.deserialize(item) for item in popped[1]]
+
+
+def inbox_pool(layer: Any, size: int) -> Any:
+    """A Redis connection pool for the inbox on the layer's first host: one that waits for a free
+    connection past `size` (redis-py's default pool raises past 100 commands in flight, which a
+    burst reaches) and reads replies patiently (acp_channels.layers). Sentinel hosts keep
+    channels-redis's own pool."""
+    from channels_redis.utils import create_pool
+
+    from acp_channels.layers import DEFAULT_POOL_TIMEOUT, blocking_pool
+
+    host = layer.hosts[0]
+    if "master_name" in host:
+        return create_pool(host)
+    return blocking_pool(host, size, getattr(layer, "pool_timeout", DEFAULT_POOL_TIMEOUT))
 
 
 class Bus:
@@ -271,7 +250,7 @@ class Bus:
             return
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._listen(), name="acp-worker-inbox")
-            self.heartbeat.start(self.layer, beat=self.hosts_connections)
+            self.heartbeat.start(self.layer, WORKER_ID, beat=self.hosts_connections)
 
     # -- calling other workers ---------------------------------------------------------------
 
@@ -280,9 +259,14 @@ class Bus:
         """Send an operation to a worker and wait for its reply: one the op may get
         (`op.replies`); any other (Internal, UnknownOp, Malformed) raises WorkerFailed.
 
-        With `receipt`, the worker answers within worker_timeout() (its result, or a receipt when
-        the result is not ready at once: RECEIPT_AFTER) and the result may take up to `timeout`
-        after that. Raises HostUnreachable, AgentBusy or LayerUnavailable.
+        With `receipt`, the worker must take the op within SLOW_WORKER_PATIENCE (it expires
+        then) and answers at once (its result, or a receipt when the result is not ready:
+        RECEIPT_AFTER); the result may then take `timeout`, or longer while the worker lives
+        (up to SLOW_WORKER_PATIENCE). Without one, the op expires and the caller gives up after
+        `timeout`. A late worker is waited for while its heartbeat says it is alive
+        (liveness.reply_or_gone). Raises HostUnreachable (its heartbeat is gone), WorkerBusy
+        (alive, but it did not take or answer the op in time), AgentBusy (it took the op, the
+        result did not come) or LayerUnavailable.
         """
         self.ensure_listening()
         request_id = f"{WORKER_ID}-{next(self._ids)}"
@@ -292,49 +276,45 @@ class Bus:
         received: asyncio.Future[None] | None = None
         if receipt:
             received = self._receipts[request_id] = loop.create_future()
+        take_within = SLOW_WORKER_PATIENCE if receipt else timeout
+        message = encode_op(
+            op, request_id, inbox_channel(WORKER_ID), receipt=receipt, expires=time.time() + take_within
+        )
         try:
-            await self.send(
-                inbox_channel(worker_id), encode_op(op, request_id, inbox_channel(WORKER_ID), receipt=receipt)
-            )
-            if received is not None:
-                try:
-                    await self._reply_from(worker_id, received, expected=worker_timeout(), limit=SLOW_WORKER_PATIENCE)
-                except TimeoutError:
-                    raise AgentBusy(f"worker {worker_id} is alive but did not take {op.name}") from None
+            await self.send(inbox_channel(worker_id), message)
             try:
-                reply = await self._reply_from(worker_id, result, expected=timeout, limit=timeout)
-            except TimeoutError:
-                if received is not None:
-                    raise AgentBusy(f"{op.name} was not done within {timeout:g} s") from None
-                raise HostUnreachable(f"worker {worker_id} did not answer {op.name}") from None
+                if received is None:
+                    try:
+                        reply = await reply_or_gone(
+                            result, worker_id, self.heartbeat, expected=timeout, patience=timeout
+                        )
+                    except TimeoutError:
+                        raise WorkerBusy(f"worker {worker_id} is alive but did not answer {op.name} in time") from None
+                else:
+                    try:
+                        await reply_or_gone(
+                            received,
+                            worker_id,
+                            self.heartbeat,
+                            expected=worker_timeout(),
+                            patience=SLOW_WORKER_PATIENCE + RECEIPT_GRACE,  # by then taken or dropped
+                        )
+                    except TimeoutError:
+                        raise WorkerBusy(f"worker {worker_id} is alive but did not take {op.name} in time") from None
+                    try:
+                        # Taken: a live worker's result is waited for, however slow it is today.
+                        patience = max(timeout, SLOW_WORKER_PATIENCE)
+                        reply = await reply_or_gone(
+                            result, worker_id, self.heartbeat, expected=timeout, patience=patience
+                        )
+                    except TimeoutError:
+                        raise AgentBusy(f"{op.name} was not done within {patience:g} s") from None
+            except WorkerGone:
+                raise HostUnreachable(f"worker {worker_id} is gone") from None
         finally:
             self._pending.pop(request_id, None)
             self._receipts.pop(request_id, None)
         return expect(op, reply)
-
-    async def _reply_from(self, worker_id: str, reply: asyncio.Future[T], *, expected: float, limit: float) -> T:
-        """A worker's reply, expected within `expected` s. Past that, keep waiting (up to `limit`)
-        only while the worker's heartbeat says it is alive: a dead worker is HostUnreachable at
-        once, a live but slow one is not mistaken for dead. TimeoutError past `limit`.
-
-        asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
-        arrives as the reply does, and a cancelled SSE body would then run forever.
-        """
-        if reply.done():
-            return reply.result()
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + max(limit, expected)
-        wait = expected
-        while True:
-            try:
-                async with asyncio.timeout(max(0.0, min(wait, give_up - loop.time()))):
-                    return await asyncio.shield(reply)
-            except TimeoutError:
-                if loop.time() >= give_up:
-                    raise
-            if not await self.heartbeat.alive(worker_id):
-                raise HostUnreachable(f"worker {worker_id} is gone")
-            wait = HEARTBEAT_INTERVAL
 
     async def push(self, worker_id: str, push: Pushed | PushEnded) -> None:
         """A batch (or the end) for a reader on another worker: a direct send, in order."""
@@ -415,6 +395,15 @@ class Bus:
         kind = message.get("type")
         request_id = message.get("id")
         if kind == "acp.op":
+            if expired(message, time.time()):
+                # Its caller answered 503 (WorkerBusy) already and the client may try again:
+                # serving it now could do it twice.
+                logger.warning(
+                    "dropped %s from %s: it expired before this worker took it",
+                    message.get("op"),
+                    message.get("reply_to"),
+                )
+                return
             self._spawn(self._serve(message))
         elif kind == "acp.push":
             self._deliver_push(message)
@@ -490,11 +479,11 @@ class Bus:
         task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
-        for task in (self._loop_task, self.heartbeat._task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        self.heartbeat.stop()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
 
 
 bus = Bus()

@@ -8,7 +8,10 @@ layer messages and back, and `envelope` the only code that builds a message.
 
 Messages (msgpack-able dicts, as the channel layer wants them):
 
-- `{"type": "acp.op", "id", "reply_to", "receipt", "op": <name>, "args": {...}}` a call;
+- `{"type": "acp.op", "id", "reply_to", "receipt", "expires", "op": <name>, "args": {...}}` a
+  call; `expires` (a Unix time, or absent) is when the caller stops waiting for the callee to
+  take it: a callee that finds it later drops it unserved (`expired`), since the caller has
+  answered 503 and its client may send the request again;
 - `{"type": "acp.receipt", "id"}` the callee has the call and is working on it: sent only
   when the result is not ready at once (RECEIPT_AFTER), so a caller tells a dead worker (no
   answer, heartbeat gone) from a slow one (receipt, then the result later);
@@ -546,8 +549,22 @@ def envelope(kind: Kind, request_id: str | None = None, **parts: Any) -> dict[st
     return message
 
 
-def encode_op(op: Op, request_id: str, reply_to: str, *, receipt: bool = False) -> dict[str, Any]:
-    return envelope("acp.op", request_id, reply_to=reply_to, receipt=receipt, op=op.name, args=encode_fields(op))
+def encode_op(
+    op: Op, request_id: str, reply_to: str, *, receipt: bool = False, expires: float | None = None
+) -> dict[str, Any]:
+    """A call; with `expires` (a Unix time), one the callee drops unserved once that time passed."""
+    parts: dict[str, Any] = {"reply_to": reply_to, "receipt": receipt, "op": op.name, "args": encode_fields(op)}
+    if expires is not None:
+        parts["expires"] = expires
+    return envelope("acp.op", request_id, **parts)
+
+
+def expired(message: dict[str, Any], now: float) -> bool:
+    """Whether a call's `expires` (Unix time) is before `now`: the caller gave up waiting for it
+    to be taken. A call without one (or with an unreadable one) never expires. Workers compare
+    their own clocks: they share one host, or keep their clocks in sync."""
+    expires = message.get("expires")
+    return isinstance(expires, int | float) and not isinstance(expires, bool) and now > expires
 
 
 def encode_reply(request_id: str, reply: Reply) -> dict[str, Any]:

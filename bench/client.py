@@ -13,7 +13,20 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-import orjson
+try:
+    import orjson
+except ImportError:  # the suite's load test runs it without the benchmark's extras
+    import json
+
+    class orjson:  # type: ignore[no-redef]  # the two calls used here
+        @staticmethod
+        def loads(data: bytes | str) -> Any:
+            return json.loads(data)
+
+        @staticmethod
+        def dumps(value: Any) -> bytes:
+            return json.dumps(value, separators=(",", ":")).encode()
+
 
 from bench.wire import HttpConnection, SseStream, WebSocket
 
@@ -29,13 +42,19 @@ class ProtocolError(AssertionError):
     pass
 
 
+#: How long a client waits for a control reply or a stream's response head (a real client's
+#: default); `step_timeout` changes it.
+STEP_TIMEOUT = 30.0
+
+
 class AcpClient:
     """Common dispatch; subclasses move bytes."""
 
     transport = "?"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, step_timeout: float = STEP_TIMEOUT) -> None:
         self.url = url
+        self.step_timeout = step_timeout
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self.sink: Sink = self._unexpected
@@ -65,13 +84,16 @@ class AcpClient:
                 return
         self.sink(message)
 
-    async def call(self, method: str, params: Any, session: str | None = None, timeout: float = 30.0) -> Message:
+    async def call(self, method: str, params: Any, session: str | None = None) -> Message:
         """A control request whose reply is awaited (never for prompts: those go to the sink)."""
         request_id = self.next_id()
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         await self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}, session)
-        reply = await asyncio.wait_for(future, timeout)
+        try:
+            reply = await asyncio.wait_for(future, self.step_timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no reply to {method} within {self.step_timeout:g} s") from None
         if "error" in reply:
             raise ProtocolError(f"{method}: {reply['error']}")
         return reply
@@ -108,13 +130,18 @@ class HttpAcp(AcpClient):
     transport = "http"
 
     def __init__(
-        self, url: str, post_url: str | None = None, stream_url: str | None = None, wait_head: bool = True
+        self,
+        url: str,
+        post_url: str | None = None,
+        stream_url: str | None = None,
+        wait_head: bool = True,
+        step_timeout: float = STEP_TIMEOUT,
     ) -> None:
         """`post_url` / `stream_url` send POSTs or stream GETs to another address than `url`
         (the initialize POST): the cross-worker layouts of the cluster benchmark. `wait_head`
         False does not wait for a stream's response head before going on (for a server that
         sends it only with the first event; the status is still checked when it comes)."""
-        super().__init__(url)
+        super().__init__(url, step_timeout)
         self.wait_head = wait_head
         self.connection_id: str | None = None
         self._init_conn = HttpConnection(url)
@@ -144,7 +171,10 @@ class HttpAcp(AcpClient):
         if not self.wait_head:
             stream.head.add_done_callback(self._late_head)
             return
-        head = await asyncio.wait_for(stream.head, 30)
+        try:
+            head = await asyncio.wait_for(stream.head, self.step_timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no head for GET stream within {self.step_timeout:g} s") from None
         if head.status != 200:
             raise ProtocolError(f"GET stream: {head.status}")
 
@@ -193,8 +223,8 @@ class WsAcp(AcpClient):
 
     transport = "ws"
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url.replace("http://", "ws://"))
+    def __init__(self, url: str, step_timeout: float = STEP_TIMEOUT) -> None:
+        super().__init__(url.replace("http://", "ws://"), step_timeout)
         self.socket: WebSocket | None = None
 
     async def open(self) -> None:
@@ -226,4 +256,6 @@ class WsAcp(AcpClient):
 
 
 def make_client(transport: str, url: str, **options: Any) -> AcpClient:
-    return HttpAcp(url, **options) if transport == "http" else WsAcp(url)
+    if transport == "http":
+        return HttpAcp(url, **options)
+    return WsAcp(url, **{key: value for key, value in options.items() if key == "step_timeout"})

@@ -27,6 +27,7 @@ CODE_ROOT = Path(os.environ.get("BENCH_CODE_ROOT") or ROOT)
 TS_SERVER = ROOT / "tests" / "peers" / "ts_server"
 SERVER_CPU = os.environ.get("BENCH_SERVER_CPU", "0")
 MAX_MESSAGE = str(16 * 1024 * 1024 + 4096)
+WEBSOCKET_CONNECT_TIMEOUT = "60"
 DAPHNE_READY = re.compile(r"Listening on TCP address [\d.]+:(\d+)")
 LISTENING = re.compile(r"LISTENING (\d+)")
 
@@ -95,7 +96,10 @@ class Proc:
 def daphne(name: str, app: str, env: dict[str, str] | None = None) -> Proc:
     return Proc(
         name,
+        # A burst of a thousand upgrades outlives daphne's 5 s handshake timeout on a busy core
+        # (403, or the socket closed): docs/several-workers.md.
         [sys.executable, "-m", "daphne", "-e", "tcp:port=0:interface=127.0.0.1:backlog=2048",
+         "--websocket_connect_timeout", WEBSOCKET_CONNECT_TIMEOUT,
          "--websocket_timeout", "-1", "--websocket-max-message-size", MAX_MESSAGE,
          "--websocket-max-frame-size", MAX_MESSAGE, app],
         DAPHNE_READY,

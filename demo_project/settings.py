@@ -48,7 +48,8 @@ USE_TZ = True
 REDIS_URL = os.environ.get("REDIS_URL")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # channels-redis with a connection pool that waits instead of failing under a burst.
+        "BACKEND": "acp_channels.layers.RedisChannelLayer",
         "CONFIG": {
             "hosts": [REDIS_URL],
             "prefix": os.environ.get("ACP_REDIS_PREFIX", "asgi"),

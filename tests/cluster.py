@@ -98,7 +98,9 @@ class Balancer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
+        # A real balancer's listen queue: a burst of clients must not overflow it (SYN retries).
+        server = asyncio.start_server(self._accept, "127.0.0.1", 0, backlog=4096)
+        self._server = self._loop.run_until_complete(server)
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()

@@ -116,6 +116,8 @@ class DaphneServer(ServerProcess):
         daphne = [
             sys.executable, "-m", "daphne",
             "-e", "tcp:port=0:interface=127.0.0.1:backlog=2048",
+            # A burst of upgrades (test_cluster_load) can outlive daphne's 5 s handshake timeout.
+            "--websocket_connect_timeout", "60",
             "--websocket_timeout", "-1",
             "--websocket-max-message-size", str(MAX_MESSAGE),
             "--websocket-max-frame-size", str(MAX_MESSAGE),

@@ -11,13 +11,13 @@ from typing import Any
 import msgpack
 import pytest
 
-from acp_channels import gateway, worker_protocol
+from acp_channels import gateway, worker, worker_protocol
 from acp_channels.agents import AgentClosed
 from acp_channels.host import Mailbox, OutboundBudget, ReplayUnavailable, StreamBusy, TooManyRequests, TooManyStreams
 from acp_channels.identity import Principal
 from acp_channels.inventory import ConnectionInfo
 from acp_channels.protocol import InboundPlan, SessionHeaderError, Single
-from acp_channels.worker import Bus, HostUnreachable
+from acp_channels.worker import Bus, HostUnreachable, WorkerBusy
 from acp_channels.worker_protocol import (
     OPS,
     PUSH_CREDIT_BATCHES,
@@ -144,6 +144,16 @@ def test_every_reply_round_trips(reply: Reply) -> None:
 def test_pushes_round_trip() -> None:
     for push in (Pushed("lease-1", 3, 40, ("x", "y")), PushEnded("lease-1", "taken"), PushEnded("lease-1", None)):
         assert worker_protocol.decode_push(wire(worker_protocol.encode_push(push))) == push
+
+
+def test_an_expiry_travels_with_a_call_and_only_a_number_expires_it() -> None:
+    message = wire(worker_protocol.encode_op(Probe("x"), "w-1", "acp.worker.w", expires=1000.5))
+    assert message["expires"] == 1000.5 and worker_protocol.decode_op(message) == Probe("x")
+    assert worker_protocol.expired(message, 1000.6)
+    assert not worker_protocol.expired(message, 1000.4)
+    assert "expires" not in worker_protocol.encode_op(Probe("x"), "w-1", "acp.worker.w")
+    for unreadable in ({}, {"expires": "0"}, {"expires": None}, {"expires": True}):
+        assert not worker_protocol.expired(unreadable, 1e12)
 
 
 def test_an_unknown_op_is_an_unknown_op_reply() -> None:
@@ -340,6 +350,64 @@ REFUSALS: list[tuple[ErrorReply, type[Exception]]] = [
     (ReplayRefused("gone", "t:1"), ReplayUnavailable),
     (Closed(), AgentClosed),
 ]
+
+
+class FixedHeartbeat:
+    """What Redis says of the host's worker: a heartbeat there (alive) or gone."""
+
+    def __init__(self, alive: bool) -> None:
+        self.is_alive = alive
+
+    async def alive(self, worker_id: str) -> bool:
+        return self.is_alive
+
+
+@pytest.fixture
+def short_patience(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker, "SLOW_WORKER_PATIENCE", 0.2)
+    monkeypatch.setattr(worker, "RECEIPT_GRACE", 0.1)
+    monkeypatch.setattr(worker, "worker_timeout", lambda: 0.05)
+
+
+@pytest.mark.usefixtures("short_patience")
+@pytest.mark.parametrize("receipt", [True, False])
+async def test_a_live_worker_that_does_not_take_a_call_is_busy_and_drops_it_later(
+    buses: tuple[LinkedBus, LinkedBus], receipt: bool
+) -> None:
+    caller, host = buses
+    held: list[dict[str, Any]] = []
+
+    async def hold(channel: str, message: dict[str, Any]) -> None:  # the host's worker is too busy
+        held.append(wire(message))
+
+    caller.send = hold  # type: ignore[method-assign]
+    caller.heartbeat = FixedHeartbeat(alive=True)  # type: ignore[assignment]
+    served: list[Probe] = []
+
+    async def serve(op: Probe) -> Reply:
+        served.append(op)
+        return Alive(True)
+
+    host.handle(Probe, serve)
+    with pytest.raises(WorkerBusy):  # 503 + Retry-After at the edges, never 404
+        await caller.call("0123456789ab", Probe("x"), timeout=0.2, receipt=receipt)
+    host._dispatch(held[0])  # taken at last: too late, its caller answered already
+    await asyncio.gather(*host._tasks)
+    assert served == []
+
+
+@pytest.mark.usefixtures("short_patience")
+async def test_a_worker_whose_heartbeat_is_gone_is_unreachable(buses: tuple[LinkedBus, LinkedBus]) -> None:
+    caller, _ = buses
+
+    async def lost(channel: str, message: dict[str, Any]) -> None:
+        pass
+
+    caller.send = lost  # type: ignore[method-assign]
+    caller.heartbeat = FixedHeartbeat(alive=False)  # type: ignore[assignment]
+    handle = gateway.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE)
+    with pytest.raises(HostUnreachable):
+        await handle.terminate()
 
 
 @pytest.mark.parametrize(("refusal", "raised"), REFUSALS, ids=lambda value: getattr(value, "name", ""))

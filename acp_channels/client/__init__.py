@@ -30,9 +30,11 @@ from .errors import (
 )
 from .http_client import DEFAULT_TIMEOUT, HttpClient, check_token, resolve_endpoint
 from .reconnect import DEFAULT_BACKOFF, Backoff, ReconnectEvent, ReconnectPolicy, StreamDrop
+from .retry import DEFAULT_RETRY_AFTER, RetryAfter, RetryEvent
 
 __all__ = [
     "DEFAULT_BACKOFF",
+    "DEFAULT_RETRY_AFTER",
     "DEFAULT_TIMEOUT",
     "AcpClientError",
     "AuthenticationError",
@@ -49,6 +51,8 @@ __all__ = [
     "ReconnectPolicy",
     "ResumeFailedError",
     "ResumeRefusedError",
+    "RetryAfter",
+    "RetryEvent",
     "StreamDrop",
     "StreamEndedError",
     "TransportClosedError",

@@ -21,6 +21,7 @@ import httpx
 from ._base import FrameValue, RawFrame
 from .errors import ClientUsageError, TransportError
 from .reconnect import DEFAULT_BACKOFF, ReconnectCallback, ReconnectPolicy
+from .retry import DEFAULT_RETRY_AFTER, RetryAfter, RetryCallback
 from .transport_http import HttpTransport
 from .transport_ws import WebSocketTransport
 
@@ -119,6 +120,13 @@ class HttpClient:
             client gives up ("gave-up"). `reconnecting` says whether one is under way.
         max_message_size: the largest message accepted (SSE event or WebSocket message).
         exact_url: use `url` as is, without appending `/acp`.
+        retry_after: HTTP only; a 503 or 429 answer with `Retry-After` (the server did nothing:
+            it is full, draining, or its worker is too busy) to `initialize`, a POST or a stream
+            GET is sent again after that delay: a `RetryAfter` policy, by default `RetryAfter()`
+            (delays capped at 10 s, given up 60 s after the first refusal); None: such an answer
+            is fatal at once, like any other error status.
+        on_retry: HTTP only; called with a `RetryEvent` before each such retry (each is also
+            logged at INFO on the `acp_channels.client` logger).
     """
 
     def __init__(
@@ -137,6 +145,8 @@ class HttpClient:
         on_reconnect: ReconnectCallback | None = None,
         max_message_size: int = 64 * 1024 * 1024,
         exact_url: bool = False,
+        retry_after: RetryAfter | None = DEFAULT_RETRY_AFTER,
+        on_retry: RetryCallback | None = None,
     ) -> None:
         self.url, self.kind = resolve_endpoint(url, exact=exact_url)
         headers = dict(headers or {})
@@ -168,6 +178,8 @@ class HttpClient:
                 restart=restart,
                 on_reconnect=on_reconnect,
                 max_message_size=max_message_size,
+                retry_after=retry_after,
+                on_retry=on_retry,
             )
         else:
             if http_client is not None or stream_idle_timeout is not None:

@@ -69,6 +69,7 @@ from .reconnect import (
     intercepted,
     restart_error,
 )
+from .retry import RetryAfter, RetryCallback, RetryEvent, retry_after_seconds
 from .sse import SseParser, SseTooLarge
 
 __all__ = ["HttpTransport", "ReconnectPolicy", "StreamDrop"]
@@ -142,8 +143,12 @@ class HttpTransport(TransportBase):
         on_reconnect: ReconnectCallback | None = None,
         max_message_size: int = 64 * 1024 * 1024,
         secrets: Iterable[str] = (),
+        retry_after: RetryAfter | None = None,
+        on_retry: RetryCallback | None = None,
     ) -> None:
         super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets, on_reconnect=on_reconnect)
+        self._retry_after = retry_after
+        self._on_retry = on_retry
         self._stream_idle_timeout = stream_idle_timeout
         self._reconnect = reconnect
         self._restart = restart
@@ -294,7 +299,21 @@ class HttpTransport(TransportBase):
     async def _exchange(
         self, method: str, what: str, headers: dict[str, str], content: bytes | None = None
     ) -> httpx.Response:
-        """One request/response, read whole; a timeout or network failure is fatal."""
+        """One request/response, read whole; a timeout or network failure is fatal. A 503 or 429
+        with Retry-After is sent again after the delay while the retry policy allows."""
+        refused_at: float | None = None
+        attempt = 0
+        while True:
+            response = await self._exchange_once(method, what, headers, content)
+            delay, refused_at = self._busy_delay(what, response, response.text, attempt, refused_at)
+            if delay is None:
+                return response
+            attempt += 1
+            await self._wait_retry(delay)
+
+    async def _exchange_once(
+        self, method: str, what: str, headers: dict[str, str], content: bytes | None
+    ) -> httpx.Response:
         request = self.http.request(method, self.endpoint, headers=headers, content=content, timeout=self._timeout)
         try:
             return await self._unless_failed(request)
@@ -302,6 +321,33 @@ class HttpTransport(TransportBase):
             raise self._fail(TransportTimeoutError(f"{what}: no answer within {self._timeout:g}s")) from exc
         except httpx.HTTPError as exc:
             raise self._fail(NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}"))) from exc
+
+    def _busy_delay(
+        self, what: str, response: httpx.Response, body: str, attempt: int, refused_at: float | None
+    ) -> tuple[float | None, float | None]:
+        """(seconds before sending the request again, or None; when the first refusal came):
+        a 503/429 with Retry-After within the retry policy's deadline. Tells the caller."""
+        retry_after = retry_after_seconds(response.status_code, response.headers)
+        if self._retry_after is None or retry_after is None:
+            return None, refused_at
+        now = asyncio.get_running_loop().time()
+        refused_at = now if refused_at is None else refused_at
+        delay = self._retry_after.delay(retry_after, now - refused_at)
+        if delay is None:
+            logger.warning("%s: HTTP %d for %.1fs; giving up", what, response.status_code, now - refused_at)
+            return None, refused_at
+        event = RetryEvent(what, response.status_code, delay, attempt + 1, now - refused_at, self.redact(body[:200]))
+        logger.info("%s", event)
+        if self._on_retry is not None:
+            try:
+                self._on_retry(event)
+            except Exception:
+                logger.exception("the on_retry callback failed")
+        return delay, refused_at
+
+    async def _wait_retry(self, delay: float) -> None:
+        """The server's Retry-After delay; a close or a failure meanwhile ends the wait."""
+        await self._unless_failed(asyncio.sleep(delay), self._closing)
 
     # ------------------------------------------------------------------------------ initialize
 
@@ -451,22 +497,33 @@ class HttpTransport(TransportBase):
             headers[LAST_EVENT_ID] = stream.last_event_id
         what = f"GET {stream.name}"
         timeout = httpx.Timeout(self._timeout, read=self._stream_idle_timeout)
-        request = self.http.build_request("GET", self.endpoint, headers=headers, timeout=timeout)
-        try:
-            async with asyncio.timeout(self._timeout):  # for the response headers only
-                response = await self.http.send(request, stream=True)
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            raise TransportTimeoutError(f"{what}: no response headers within {self._timeout:g}s") from exc
-        except httpx.HTTPError as exc:
-            raise NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
-        try:
-            if not _is_2xx(response):
+        refused_at: float | None = None
+        attempt = 0
+        while True:
+            request = self.http.build_request("GET", self.endpoint, headers=headers, timeout=timeout)
+            try:
+                async with asyncio.timeout(self._timeout):  # for the response headers only
+                    response = await self.http.send(request, stream=True)
+            except (TimeoutError, httpx.TimeoutException) as exc:
+                raise TransportTimeoutError(f"{what}: no response headers within {self._timeout:g}s") from exc
+            except httpx.HTTPError as exc:
+                raise NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
+            if _is_2xx(response):
+                break
+            try:
                 try:
                     async with asyncio.timeout(self._timeout):
                         body = (await response.aread()).decode(errors="replace")
                 except (TimeoutError, httpx.HTTPError):
                     body = ""
-                raise self._response_error(what, response, body)
+                delay, refused_at = self._busy_delay(what, response, body, attempt, refused_at)
+                if delay is None:
+                    raise self._response_error(what, response, body)
+            finally:
+                await response.aclose()
+            attempt += 1
+            await self._wait_retry(delay)
+        try:
             logger.debug("%s: HTTP %d", what, response.status_code)
             stream.connected = True
             stream.attempts = 0
