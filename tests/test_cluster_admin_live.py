@@ -218,18 +218,24 @@ async def test_connections_across_workers_listed_and_one_ended(cluster: Cluster,
 
 
 async def test_a_live_worker_that_does_not_answer_is_named(cluster: Cluster, http: httpx.AsyncClient) -> None:
-    """A worker whose heartbeat is fresh but which never answers (here a heartbeat key with no
-    worker behind it): listed as silent, exit status 2, the others' connections still listed."""
+    """A worker whose heartbeat is fresh but which never answers (here a heartbeat key, on a
+    connection kept open, with no worker behind it): listed as silent, exit status 2, the
+    others' connections still listed."""
     connection_id = await initialize(http, cluster.workers[0].url)
     silent = "deadbeef0000"
     prefix = cluster.workers[0].env["ACP_REDIS_PREFIX"]
-    client = redis.Redis.from_url(cluster.redis.url)
-    client.set(f"{prefix}acp.alive.{silent}", b"1", px=60_000)
+    # A heartbeat names the Redis connection that beats (liveness.py): this one stays open.
+    key = f"{prefix}acp.alive.{silent}"
+    beating = redis.Connection(host="127.0.0.1", port=cluster.redis.port)
+    beating.send_command("CLIENT", "ID")
+    beating.send_command("SET", key, beating.read_response(), "PX", 60_000)
+    assert beating.read_response() in (b"OK", "OK")
     try:
         result = await asyncio.to_thread(manage, cluster, "acp_connections", "--json")
     finally:
-        client.delete(f"{prefix}acp.alive.{silent}")
-        client.close()
+        beating.send_command("DEL", key)
+        beating.read_response()
+        beating.disconnect()
     assert result.returncode == 2
     document = json.loads(result.stdout)
     assert document["silent_workers"] == [silent]
