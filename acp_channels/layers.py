@@ -70,8 +70,7 @@ return 0
 
 class RedisChannelLayer(_ChannelsRedisLayer):  # type: ignore[misc]
     """channels-redis whose commands wait for a free Redis connection under a burst, whose
-    sends to ordinary channels take one round trip, and which can receive a batch at once
-    (`receive_many`)."""
+    sends to ordinary channels take one round trip."""
 
     def __init__(
         self, *args: Any, pool_size: int = DEFAULT_POOL_SIZE, pool_timeout: float = DEFAULT_POOL_TIMEOUT, **kwargs: Any
@@ -108,22 +107,3 @@ class RedisChannelLayer(_ChannelsRedisLayer):  # type: ignore[misc]
         )
         if full:
             raise ChannelFull()
-
-    async def receive_many(self, channel: str, limit: int) -> list[dict[str, Any]]:
-        """Up to `limit` messages of an ordinary channel, oldest first: what is there at once
-        (one round trip for a whole batch: a single receive loop per worker keeps up under a
-        burst), else the first that arrives within `brpop_timeout` (an empty list if none).
-
-        Unlike `receive`, messages popped when the caller is cancelled are lost: for a loop
-        that runs as long as its worker."""
-        assert "!" not in channel, "receive_many is for ordinary channels"
-        assert self.require_valid_channel_name(channel, receive=True), "Channel name invalid"
-        key = self.prefix + channel
-        connection = self.connection(next(self._receive_index_generator))
-        members = [member for member, _ in await connection.zpopmin(key, limit)]
-        if not members:
-            popped = await connection.bzpopmin(key, timeout=self.brpop_timeout)
-            if popped is None:
-                return []
-            members = [popped[1]]
-        return [self.deserialize(member) for member in members]
