@@ -338,8 +338,8 @@ _STOCK_REDIS_LAYERS = frozenset(
     {"channels_redis.core.RedisChannelLayer", "channels_redis.pubsub.RedisPubSubChannelLayer"}
 )
 OUR_REDIS_LAYER = "acp_channels.layers.RedisChannelLayer"
-#: Connections a worker's pool needs at least: the inbox's blocking receive holds one, and
-#: a few calls must be able to run beside it.
+#: Connections a worker's layer pool needs at least: group sends, the heartbeat's checks and
+#: the layer's own receives run beside each other (the inboxes have connections of their own).
 MIN_POOL_SIZE = 8
 
 
@@ -373,7 +373,7 @@ def check_channel_layer(app_configs: Sequence[AppConfig] | None = None, **kwargs
             Error(
                 f"CHANNEL_LAYERS['default']['CONFIG']['pool_size'] must be an integer of at least {MIN_POOL_SIZE}, "
                 f"not {size!r}.",
-                hint="The inbox of each worker holds one connection in a blocking receive; calls need the rest.",
+                hint="A worker runs several layer commands at once; fewer connections make them queue.",
                 id="acp_channels.E034",
             )
         )

@@ -198,6 +198,8 @@ async def reply_or_gone(
     asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
     arrives as the reply does, and a cancelled SSE body would then run forever.
     """
+    if reply.done():  # a result counts as its receipt: the second wait of a call is often this
+        return reply.result()
     loop = asyncio.get_running_loop()
     give_up = loop.time() + max(patience, expected)
     wait = expected

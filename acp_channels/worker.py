@@ -39,6 +39,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from acp_channels.liveness import Heartbeat, WorkerGone, reply_or_gone
 from acp_channels.metrics import measured_call
+from acp_channels.redis_wire import RedisReplyError, RedisWire, Script
 from acp_channels.worker_protocol import (
     RECEIPT_AFTER,
     ErrorReply,
@@ -135,8 +136,10 @@ class RedisInbox:
     trim expired, count, add, expire; a receive: restore the backup queue, pop, back up,
     clean), which made the cross-worker hop cost milliseconds on a busy machine. Here a send is
     one script call (capacity check, push, expiry) and a receive one blocking pop of up to
-    RECEIVE_BATCH messages. The layer's serializer is used, so its settings (encryption keys)
-    apply; its capacity setting for the channel too (a full inbox raises ChannelFull).
+    RECEIVE_BATCH messages, each on a connection of its own (acp_channels.redis_wire: sends
+    pipeline on one socket, in order). The layer's serializer is used, so its settings
+    (encryption keys) apply; its capacity setting for the channel too (a full inbox raises
+    ChannelFull).
     """
 
     SEND = """
@@ -151,27 +154,31 @@ class RedisInbox:
     #: a third of it), or a message Redis pops as the read times out is lost with the connection.
     BLOCK_SECONDS: Final = 5.0
 
-    def __init__(self, layer: Any) -> None:
-        from redis.asyncio import Redis
-
+    def __init__(self, layer: Any, sender: RedisWire, receiver: RedisWire) -> None:
         self._layer = layer
         self._prefix = str(getattr(layer, "prefix", "asgi"))
         self._expiry_ms = int(float(getattr(layer, "expiry", 60)) * 1000)
-        self._redis = Redis(connection_pool=inbox_pool(layer, int(getattr(layer, "pool_size", 100))))
+        self._sender = sender
         # A blocking pop holds its connection: one of its own, never queued behind sends.
-        receiver_pool = inbox_pool(layer, 2)
-        self._receiver = Redis(connection_pool=receiver_pool)
-        read_timeout = receiver_pool.connection_kwargs.get("socket_timeout")
+        self._receiver = receiver
+        read_timeout = receiver.reply_timeout
         self.block_seconds = self.BLOCK_SECONDS if not read_timeout else min(self.BLOCK_SECONDS, read_timeout / 3)
-        self._send_script = self._redis.register_script(self.SEND)
+        self._send_script = Script(self.SEND)
 
     @classmethod
     def for_layer(cls, layer: Any) -> RedisInbox | None:
-        """An inbox on the layer's Redis, or None for another kind of layer (use the layer)."""
+        """An inbox on the layer's Redis, or None for another kind of layer, or a host this
+        client cannot reach (Sentinel, a credential provider): the bus uses the layer then."""
         hosts = getattr(layer, "hosts", None)
         if not hosts or not hasattr(layer, "serialize") or not hasattr(layer, "deserialize"):
             return None
-        return cls(layer)
+        if "master_name" in hosts[0]:
+            return None
+        pool = inbox_pool(layer)
+        sender, receiver = RedisWire.for_pool(pool), RedisWire.for_pool(pool)
+        if sender is None or receiver is None:
+            return None
+        return cls(layer, sender, receiver)
 
     def _key(self, channel: str) -> str:
         return f"{self._prefix}{channel}.inbox"
@@ -179,34 +186,34 @@ class RedisInbox:
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         capacity = self._layer.get_capacity(channel)
         length = await self._send_script(
-            keys=[self._key(channel)], args=[self._layer.serialize(message), capacity, self._expiry_ms]
+            self._sender, [self._key(channel)], [self._layer.serialize(message), capacity, self._expiry_ms]
         )
         if int(length) < 0:
             raise ChannelFull()
 
     async def receive(self, channel: str) -> list[dict[str, Any]]:
-        """The next messages (waits up to BLOCK_SECONDS; empty if none came)."""
-        popped = await self._receiver.blmpop(
-            self.block_seconds, 1, self._key(channel), direction="LEFT", count=self.RECEIVE_BATCH
+        """The next messages (waits up to block_seconds; empty if none came)."""
+        popped = await self._receiver.execute(
+            "BLMPOP",
+            self.block_seconds,
+            1,
+            self._key(channel),
+            "LEFT",
+            "COUNT",
+            self.RECEIVE_BATCH,
+            timeout=self.block_seconds + (self._receiver.reply_timeout or self.block_seconds),
         )
         if not popped:
             return []
         return [self._layer.deserialize(item) for item in popped[1]]
 
 
-def inbox_pool(layer: Any, size: int) -> Any:
-    """A Redis connection pool for the inbox on the layer's first host: one that waits for a free
-    connection past `size` (redis-py's default pool raises past 100 commands in flight, which a
-    burst reaches) and reads replies patiently (acp_channels.layers). Sentinel hosts keep
-    channels-redis's own pool."""
-    from channels_redis.utils import create_pool
-
+def inbox_pool(layer: Any) -> Any:
+    """redis-py's reading of the layer's first host entry (address, db, credentials, TLS, a
+    patient read timeout: acp_channels.layers); the inbox connects with its settings."""
     from acp_channels.layers import DEFAULT_POOL_TIMEOUT, blocking_pool
 
-    host = layer.hosts[0]
-    if "master_name" in host:
-        return create_pool(host)
-    return blocking_pool(host, size, getattr(layer, "pool_timeout", DEFAULT_POOL_TIMEOUT))
+    return blocking_pool(layer.hosts[0], 2, getattr(layer, "pool_timeout", DEFAULT_POOL_TIMEOUT))
 
 
 class Bus:
@@ -333,12 +340,15 @@ class Bus:
         delay = 0.005
         while True:
             try:
-                # Shielded: redis-py can swallow a cancellation that arrives mid-command, and a
-                # cancelled caller (a client that left) must stop at once. The send finishes
-                # on its own; its message is harmless to a caller that is gone.
-                layer, inbox = self.layer, self._inbox
-                sending = inbox.send(channel, message) if inbox is not None else layer.send(channel, message)
-                await asyncio.shield(sending)
+                inbox = self._inbox
+                if inbox is not None:
+                    # Cancellation-safe: a cancelled caller leaves the pipelined replies aligned.
+                    await inbox.send(channel, message)
+                else:
+                    # Shielded: redis-py can swallow a cancellation that arrives mid-command, and
+                    # a cancelled caller (a client that left) must stop at once. The send
+                    # finishes on its own; its message is harmless to a caller that is gone.
+                    await asyncio.shield(self.layer.send(channel, message))
                 return
             except ChannelFull:
                 if time.monotonic() > deadline:
@@ -348,7 +358,7 @@ class Bus:
             except (OSError, ConnectionError) as error:
                 raise LayerUnavailable(str(error)) from error
             except Exception as error:
-                if type(error).__module__.startswith("redis"):
+                if isinstance(error, RedisReplyError) or type(error).__module__.startswith("redis"):
                     raise LayerUnavailable(str(error)) from error
                 raise
 

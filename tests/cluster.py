@@ -41,6 +41,8 @@ def _free_port() -> int:
 class RedisServer:
     port: int = 6379
     process: subprocess.Popen[bytes] | None = None
+    #: More redis-server options (`("--requirepass", "secret")`).
+    options: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -51,8 +53,8 @@ class RedisServer:
         return cls() if _redis_answers(6379) else cls.private()
 
     @classmethod
-    def private(cls) -> RedisServer:
-        server = cls(port=_free_port())
+    def private(cls, *options: str) -> RedisServer:
+        server = cls(port=_free_port(), options=options)
         server.start()
         return server
 
@@ -63,7 +65,7 @@ class RedisServer:
         workdir = tempfile.mkdtemp(prefix="acp-redis-")
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", workdir],
+             "--dir", workdir, *self.options],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         assert self.process.stdout is not None
