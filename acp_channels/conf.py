@@ -1,6 +1,7 @@
 """Our settings: the `ACP_CHANNELS` dict in Django settings, shadowed here with defaults.
 
 Read through `acp_settings` at use time (not import time) so `override_settings` works in tests.
+A value is remembered until `setting_changed` says `ACP_CHANNELS` changed (AcpSettings).
 `checks.py` validates every value with a system check id.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 DEFAULTS: Final[dict[str, Any]] = {
     # The agent each connection gets. A dotted path to a callable returning a fresh agent: an
@@ -95,12 +97,22 @@ DEFAULTS: Final[dict[str, Any]] = {
 
 
 class AcpSettings:
-    """Attribute access to `settings.ACP_CHANNELS` with our defaults filled in."""
+    """Attribute access to `settings.ACP_CHANNELS` with our defaults filled in.
+
+    A value read once is kept as a plain attribute (the host reads limits per message; the
+    lookup through Django's settings and our defaults cost a tenth of a streamed message's CPU)
+    until `ACP_CHANNELS` changes through Django's `setting_changed` signal (override_settings,
+    pytest-django's `settings`)."""
 
     def __getattr__(self, name: str) -> Any:
         if name not in DEFAULTS:
             raise AttributeError(name)
-        return self.user_settings().get(name, DEFAULTS[name])
+        value = self.__dict__[name] = self.user_settings().get(name, DEFAULTS[name])
+        return value
+
+    def reload(self) -> None:
+        """Forget the values read so far: the next read sees the settings as they are now."""
+        self.__dict__.clear()
 
     @staticmethod
     def user_settings() -> dict[str, Any]:
@@ -109,3 +121,11 @@ class AcpSettings:
 
 
 acp_settings = AcpSettings()
+
+
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "ACP_CHANNELS":
+        acp_settings.reload()
+
+
+setting_changed.connect(_settings_changed)

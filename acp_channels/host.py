@@ -25,6 +25,7 @@ from typing import Any, Final, Literal
 
 from acp_channels import metrics, protocol
 from acp_channels.agents.channel import AgentChannel, AgentClosed
+from acp_channels.conf import acp_settings
 from acp_channels.identity import ANONYMOUS, AgentContext, Principal, TransportKind
 from acp_channels.protocol import Batch, Frame, InboundPlan, Single, StreamKey, parse_event_id
 
@@ -45,8 +46,6 @@ TOO_MANY_REQUESTS_MESSAGE: Final = "too many requests in flight"
 
 
 def _setting(name: str) -> Any:
-    from acp_channels.conf import acp_settings
-
     return getattr(acp_settings, name)
 
 

@@ -37,7 +37,20 @@ KiB = 1024
 @pytest.fixture(autouse=True)
 def caps_settings(settings: Any) -> dict[str, Any]:
     settings.ACP_CHANNELS = {"AGENT": "tests.caps_agent.create", "MAX_SESSION_STREAMS": 64, "MAX_PENDING_REQUESTS": 3}
-    return settings.ACP_CHANNELS  # type: ignore[no-any-return]
+    return SettingsDict(settings)
+
+
+class SettingsDict(dict[str, Any]):
+    """ACP_CHANNELS whose every change is assigned as a new dict (so `setting_changed` says so:
+    acp_settings keeps what it read until then)."""
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings.ACP_CHANNELS)
+        self._settings = settings
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self._settings.ACP_CHANNELS = dict(self)
 
 
 @pytest.fixture
