@@ -78,6 +78,8 @@ from acp_channels.worker import (
 )
 from acp_channels.worker_protocol import (
     ACK_DELAY,
+    COALESCE_AFTER_ITEMS,
+    COALESCE_SECONDS,
     PUSH_CREDIT_BATCHES,
     PUSH_CREDIT_BYTES,
     Acknowledge,
@@ -594,11 +596,14 @@ class LeaseOnHost:
         self._arm()
 
     async def _push(self) -> None:
+        flowing = False
         try:
             while True:
                 while len(self.unacked) >= PUSH_CREDIT_BATCHES or self.unacked_bytes >= PUSH_CREDIT_BYTES:
                     self._room.clear()
                     await self._room.wait()
+                if flowing:
+                    await asyncio.sleep(COALESCE_SECONDS)  # a flowing stream: let the batch grow
                 room = max(1, PUSH_CREDIT_BYTES - self.unacked_bytes)
                 items = await self.mailbox.take(None, min(room, MAX_TAKE_BYTES), holder=self, settle=False)
                 if items is None:  # the stream ended (closed and drained), or another reader took it
@@ -609,6 +614,7 @@ class LeaseOnHost:
                     return  # else the lease stays until the reader releases it (or goes silent)
                 if not items:
                     continue
+                flowing = len(items) >= COALESCE_AFTER_ITEMS
                 self.seq += 1
                 self.unacked.append((self.seq, items))  # first: a failed push gives them back
                 self.unacked_bytes += sum(map(len, items))

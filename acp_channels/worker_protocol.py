@@ -71,6 +71,11 @@ PUSH_CREDIT_BATCHES: Final = 8
 PUSH_CREDIT_BYTES: Final = 1024 * 1024
 #: A reader acknowledges what it wrote at half its credit, or after this long.
 ACK_DELAY: Final = 0.05
+#: A host that pushed a batch of at least this many items (a stream is flowing) waits
+#: COALESCE_SECONDS before taking the next: each push costs about as much as a hundred items,
+#: and an agent that streams fills the mailbox meanwhile. Single replies never wait.
+COALESCE_AFTER_ITEMS: Final = 16
+COALESCE_SECONDS: Final = 0.001
 
 Kind = Literal["acp.op", "acp.receipt", "acp.result", "acp.push"]
 
