@@ -97,23 +97,30 @@ def encode_command(args: tuple[Arg, ...]) -> bytes:
             data = arg.encode()
         else:
             data = repr(arg).encode()  # ints and floats as Redis reads them
-        parts.append(b"$%d\r\n" % len(data))
-        parts.append(data)
-        parts.append(_CRLF)
+        parts += (b"$%d\r\n" % len(data), data, _CRLF)
     return b"".join(parts)
 
 
+#: Below this many buffered bytes a reply is read in one pass; above, it is first checked to be
+#: complete, so a large reply arriving in pieces is not copied again with each piece.
+_ONE_PASS_BYTES: Final = 65536
+
+
 class _Connection(asyncio.Protocol):
-    """One socket to Redis: writes commands, hands each reply to the oldest waiting future."""
+    """One socket to Redis: writes commands, hands each reply to the oldest waiting future.
+    One timer watches every deadline of the commands in flight (not one timer per command)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self.waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
         self.lost: BaseException | None = None
         self._buffer = bytearray()
         self._need = 0
         self._writable = asyncio.Event()
         self._writable.set()
+        self._loop = asyncio.get_running_loop()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watching = float("inf")  # the deadline the watchdog fires at
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -128,16 +135,17 @@ class _Connection(asyncio.Protocol):
         try:
             while position < len(buffer):
                 try:
-                    _, end = _scan(buffer, position, None)
+                    if len(buffer) - position > _ONE_PASS_BYTES:
+                        _scan(buffer, position, None)
+                    with memoryview(buffer) as view:  # released before the buffer is resized
+                        reply, end = _scan(buffer, position, view)
                 except _Incomplete as incomplete:
                     self._need = incomplete.need - position
                     break
-                with memoryview(buffer) as view:  # released before the buffer is resized
-                    reply, _ = _scan(buffer, position, view)
                 position = end
                 if not self.waiting:
                     raise ProtocolError("a reply to no command")
-                future = self.waiting.popleft()
+                future, _ = self.waiting.popleft()
                 if not future.done():  # its caller may have been cancelled: the reply is dropped
                     future.set_result(reply)
             else:
@@ -159,25 +167,58 @@ class _Connection(asyncio.Protocol):
         self._fail(exc or ConnectionError("Redis closed the connection"))
         self._writable.set()
 
-    def _fail(self, error: BaseException) -> None:
+    def _fail(self, error: BaseException, late_before: float = float("-inf")) -> None:
+        """Every command in flight fails (ConnectionError; TimeoutError for those whose deadline
+        is before `late_before`) and the socket is dropped."""
         if self.lost is None:
             self.lost = error if isinstance(error, ConnectionError | OSError) else ConnectionError(str(error))
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         while self.waiting:
-            future = self.waiting.popleft()
+            future, deadline = self.waiting.popleft()
             if not future.done():
-                future.set_exception(ConnectionError(f"Redis connection lost: {self.lost}"))
+                if deadline < late_before:
+                    future.set_exception(TimeoutError("a Redis reply timed out"))
+                else:
+                    future.set_exception(ConnectionError(f"Redis connection lost: {self.lost}"))
         if self.transport is not None:
             self.transport.abort()
 
-    async def send(self, data: bytes) -> asyncio.Future[Any]:
-        if not self._writable.is_set():
-            await self._writable.wait()  # the socket's buffer is full: wait, do not pile up
+    def send(self, data: bytes, timeout: float | None) -> asyncio.Future[Any]:
+        """Write a command (the caller checked `writable`); its reply comes on the future."""
         if self.lost is not None or self.transport is None:
             raise ConnectionError(f"Redis connection lost: {self.lost}")
-        future = asyncio.get_running_loop().create_future()
-        self.waiting.append(future)
+        future = self._loop.create_future()
+        deadline = float("inf") if timeout is None else self._loop.time() + timeout
+        self.waiting.append((future, deadline))
         self.transport.write(data)
+        if deadline < self._watching:
+            self._watch(deadline)
         return future
+
+    @property
+    def writable(self) -> bool:
+        return self._writable.is_set()
+
+    async def wait_writable(self) -> None:
+        await self._writable.wait()  # the socket's buffer is full: wait, do not pile up
+
+    def _watch(self, deadline: float) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watching = deadline
+        self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
+
+    def _check_deadlines(self) -> None:
+        self._watchdog, self._watching = None, float("inf")
+        now = self._loop.time()
+        pending = [deadline for future, deadline in self.waiting if not future.done()]
+        if any(deadline <= now for deadline in pending):
+            # What Redis did with the late command is unknown: the connection is given up.
+            self._fail(TimeoutError("a Redis reply timed out"), late_before=now + 1e-9)
+        elif pending and min(pending) < float("inf"):
+            self._watch(min(pending))
 
 
 class RedisWire:
@@ -271,7 +312,7 @@ class RedisWire:
             if self.db:
                 setup.append(("SELECT", self.db))
             try:
-                replies = [await connection.send(encode_command(args)) for args in setup]
+                replies = [connection.send(encode_command(args), None) for args in setup]
                 for reply in replies:
                     if isinstance(await reply, RedisReplyError):
                         raise ConnectionError(f"Redis refused the connection: {await reply}")
@@ -284,15 +325,12 @@ class RedisWire:
         """The reply to one command; an error reply raises RedisReplyError. `timeout` (default:
         the pool's socket timeout) bounds the wait for the reply; past it the connection is
         dropped and TimeoutError raised."""
-        connection = await self._connect()
-        reply_future = await connection.send(encode_command(args))
-        limit = self.reply_timeout if timeout is None else timeout
-        try:
-            async with asyncio.timeout(limit):
-                reply = await reply_future
-        except TimeoutError:
-            connection._fail(TimeoutError("a Redis reply timed out"))
-            raise
+        connection = self._connection
+        if connection is None or connection.lost is not None or self._loop is not asyncio.get_running_loop():
+            connection = await self._connect()
+        if not connection.writable:
+            await connection.wait_writable()
+        reply = await connection.send(encode_command(args), self.reply_timeout if timeout is None else timeout)
         if isinstance(reply, RedisReplyError):
             raise reply
         return reply

@@ -9,8 +9,9 @@ Starts three daphne workers on a private Redis (bench.servers.Cluster, every ser
 CPU 0, this load generator on CPU 1) and runs the layouts of bench.run.cluster_layouts over
 HTTP: *same* (initialize, SSE and POST all on worker A: the same-process path) and *cross*
 (initialize on A, SSE through B, POST through C: every POST and every event crosses Redis).
-Each layout: a warm-up stream of 20,000 messages, then 3 repetitions of stream, rtt and
-permission on one connection; medians of the 3. Then it counts the Redis commands per echo
+Each layout: a warm-up stream of 20,000 messages, then 5 repetitions of stream, rtt and
+permission on one connection, the two layouts taking turns (same, cross, same, ...); medians
+of the 5. Then it counts the Redis commands per echo
 turn in each layout (`INFO commandstats` around 500 turns, less the heartbeats' idle rate).
 
 A run is stored under its label in bench/cluster-hop.json with the commit of the code it ran
@@ -34,7 +35,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "cluster-hop.json"
 REPORT = HERE / "HOP.md"
-SIZES = {"warmup": 20000, "stream": 20000, "rtt": 2000, "permission": 200, "reps": 3}
+SIZES = {"warmup": 20000, "stream": 20000, "rtt": 2000, "permission": 200, "reps": 5}
 COUNTED_TURNS = 500
 
 
@@ -86,9 +87,46 @@ async def commands_per_turn(cluster: Any, factory: Any) -> dict[str, Any]:
     return {"per_turn": per_turn, "total": round(sum(per_turn.values()), 1)}
 
 
+async def interleaved_layouts(factories: dict[str, Any]) -> dict[str, Any]:
+    """Each layout's stream, rtt and permission, the layouts taking turns repetition by
+    repetition: a machine whose speed drifts during a run (other work, the host of a VM) shifts
+    both alike, where one layout after the other showed drift as a difference between them."""
+    from bench import scenarios
+    from bench.run import log, percentiles, summarize
+
+    clients = {name: factory() for name, factory in factories.items()}
+    results: dict[str, dict[str, list[Any]]] = {}
+    try:
+        for name, client in clients.items():
+            await client.open()
+            await client.new_session()
+            await scenarios.run_stream(client, SIZES["warmup"])
+            results[name] = {"stream": [], "rtt": [], "permission": []}
+        for _ in range(SIZES["reps"]):
+            for name, client in clients.items():
+                done = results[name]
+                done["stream"].append((await scenarios.run_stream(client, SIZES["stream"]))["msg_per_s"])
+                done["rtt"].append(percentiles(await scenarios.run_rtt(client, SIZES["rtt"])))
+                done["permission"].append(percentiles(await scenarios.run_permission(client, SIZES["permission"])))
+        for name, client in clients.items():
+            if client.unexpected:
+                raise scenarios.ProtocolError(f"{name}: unexpected messages: {client.unexpected[:3]}")
+            await client.close()
+    except Exception as error:
+        log(f"  FAILED: {type(error).__name__}: {error}")
+        return {name: {"error": f"{type(error).__name__}: {error}"} for name in factories}
+    layouts = {}
+    for name, done in results.items():
+        layouts[name] = {"stream": done["stream"], "rtt": summarize(done["rtt"]),
+                         "permission": summarize(done["permission"])}
+        log(f"  {name}: stream {statistics.median(done['stream']):,.0f} msg/s, "
+            f"rtt p50 {layouts[name]['rtt']['p50']:.2f} ms")
+    return layouts
+
+
 async def run(label: str, code: Path) -> dict[str, Any]:
     from bench.client import HttpAcp
-    from bench.run import cluster_layouts, log
+    from bench.run import log
     from bench.servers import CODE_ROOT, Cluster
 
     assert code == CODE_ROOT, (code, CODE_ROOT)
@@ -96,9 +134,10 @@ async def run(label: str, code: Path) -> dict[str, Any]:
     cluster = Cluster()
     cluster.start()
     try:
-        layouts = await cluster_layouts(cluster, SIZES)
         a, b, c = (cluster.worker_url(i) for i in range(3))
-        for name, factory in (("same", lambda: HttpAcp(a)), ("cross", lambda: HttpAcp(a, post_url=c, stream_url=b))):
+        factories = {"same": lambda: HttpAcp(a), "cross": lambda: HttpAcp(a, post_url=c, stream_url=b)}
+        layouts = await interleaved_layouts(factories)
+        for name, factory in factories.items():
             if "error" not in layouts.get(name, {"error": ""}):
                 try:
                     layouts[name]["redis"] = await commands_per_turn(cluster, factory)
@@ -132,8 +171,9 @@ def render(stored: dict[str, Any]) -> str:
         "Written by `python -m bench.cluster_hop` from `cluster-hop.json` (see bench/README.md). Three daphne "
         "workers on a private Redis, all on CPU 0; the load generator on CPU 1. *same*: initialize, SSE and "
         "POST on worker A (the same-process path). *cross*: initialize on A, both SSE streams through B, POSTs "
-        "through C, so every POST and every event crosses Redis. HTTP; medians of 3 repetitions after a "
-        "warm-up of 20,000 messages. Redis commands: per echo turn, counted with `INFO commandstats` over "
+        "through C, so every POST and every event crosses Redis. HTTP; medians of the repetitions (3 "
+        "before session 21, 5 since, the layouts taking turns) after a warm-up of 20,000 messages. "
+        "Redis commands: per echo turn, counted with `INFO commandstats` over "
         f"{COUNTED_TURNS} turns, less the heartbeats.",
         "",
         "| run (commit, date) | layout | stream msg/s | rtt p50 ms | rtt p99 ms | permission p50 ms "

@@ -64,7 +64,7 @@ async def feed(pieces: list[bytes], replies: int) -> list[object]:
 
 def await_free_future(connection: _Connection) -> asyncio.Future[object]:
     future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-    connection.waiting.append(future)
+    connection.waiting.append((future, float("inf")))
     return future
 
 
@@ -262,3 +262,13 @@ def test_the_pools_timeouts_become_the_clients() -> None:
     wire = RedisWire.for_pool(pool)
     assert wire is not None
     assert (wire.host, wire.port, wire.db, wire.reply_timeout, wire.connect_timeout) == ("10.1.2.3", 7000, 2, 30, 4)
+
+
+async def test_a_command_stuck_behind_a_blocking_one_times_out_by_its_own_deadline(client: RedisWire) -> None:
+    assert await client.execute("PING") == "PONG"
+    blocking = asyncio.ensure_future(client.execute("BLPOP", key(), 3, timeout=10))
+    with pytest.raises(TimeoutError):
+        await client.execute("PING", timeout=0.2)
+    with pytest.raises(ConnectionError):  # the connection was given up with it
+        await blocking
+    assert await client.execute("PING") == "PONG"
