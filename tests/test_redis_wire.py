@@ -267,6 +267,7 @@ def test_the_pools_timeouts_become_the_clients() -> None:
 async def test_a_command_stuck_behind_a_blocking_one_times_out_by_its_own_deadline(client: RedisWire) -> None:
     assert await client.execute("PING") == "PONG"
     blocking = asyncio.ensure_future(client.execute("BLPOP", key(), 3, timeout=10))
+    await asyncio.sleep(0)  # written first
     with pytest.raises(TimeoutError):
         await client.execute("PING", timeout=0.2)
     with pytest.raises(ConnectionError):  # the connection was given up with it
