@@ -75,7 +75,7 @@ ACK_DELAY: Final = 0.05
 #: COALESCE_SECONDS before taking the next: each push costs about as much as a hundred items,
 #: and an agent that streams fills the mailbox meanwhile. Single replies never wait.
 COALESCE_AFTER_ITEMS: Final = 16
-COALESCE_SECONDS: Final = 0.001
+COALESCE_SECONDS: Final = 0.002
 
 Kind = Literal["acp.op", "acp.receipt", "acp.result", "acp.push"]
 

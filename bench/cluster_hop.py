@@ -9,9 +9,9 @@ Starts three daphne workers on a private Redis (bench.servers.Cluster, every ser
 CPU 0, this load generator on CPU 1) and runs the layouts of bench.run.cluster_layouts over
 HTTP: *same* (initialize, SSE and POST all on worker A: the same-process path) and *cross*
 (initialize on A, SSE through B, POST through C: every POST and every event crosses Redis).
-Each layout: a warm-up stream of 20,000 messages, then 5 repetitions of stream, rtt and
-permission on one connection, the two layouts taking turns (same, cross, same, ...); medians
-of the 5. Then it counts the Redis commands per echo
+Each layout: a warm-up stream of 20,000 messages, then 7 repetitions of stream, rtt (1,000 turns) and
+permission (100 turns) on one connection, the two layouts taking turns (same, cross, same, ...); medians
+of the 7. Then it counts the Redis commands per echo
 turn in each layout (`INFO commandstats` around 500 turns, less the heartbeats' idle rate).
 
 A run is stored under its label in bench/cluster-hop.json with the commit of the code it ran
@@ -35,7 +35,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "cluster-hop.json"
 REPORT = HERE / "HOP.md"
-SIZES = {"warmup": 20000, "stream": 20000, "rtt": 2000, "permission": 200, "reps": 5}
+SIZES = {"warmup": 20000, "stream": 20000, "rtt": 1000, "permission": 100, "reps": 7}
 COUNTED_TURNS = 500
 
 
@@ -172,7 +172,7 @@ def render(stored: dict[str, Any]) -> str:
         "workers on a private Redis, all on CPU 0; the load generator on CPU 1. *same*: initialize, SSE and "
         "POST on worker A (the same-process path). *cross*: initialize on A, both SSE streams through B, POSTs "
         "through C, so every POST and every event crosses Redis. HTTP; medians of the repetitions (3 "
-        "before session 21, 5 since, the layouts taking turns) after a warm-up of 20,000 messages. "
+        "before session 21, 7 since, the layouts taking turns) after a warm-up of 20,000 messages. "
         "Redis commands: per echo turn, counted with `INFO commandstats` over "
         f"{COUNTED_TURNS} turns, less the heartbeats.",
         "",
