@@ -29,18 +29,25 @@ def build_asgi_application(*, websocket_prefix: str = "", http_application: Any 
     application is wrapped in `limits.BodyLimit`: the ACP endpoint refuses an over-limit body
     (413) before Django spools it, whatever the server.
 
+    The default HTTP application is Django's, through `acp_channels.handler.AcpASGIHandler`
+    (requests start an OS thread only when one of their calls needs it).
+
     A site with Django sessions and logged-in users (`auth.session_auth_configured()`) gets
     channels' AuthMiddlewareStack on WebSocket upgrades, so `scope["user"]` is the session's
     user (the Django-user authenticator needs it). A site without (token auth, no database,
     like the demo) does not: no session lookup per upgrade.
     """
+    import django
     from channels.routing import ProtocolTypeRouter, URLRouter
-    from django.core.asgi import get_asgi_application
     from django.urls import include
 
     from acp_channels.auth import session_auth_configured
+    from acp_channels.handler import AcpASGIHandler
 
-    http: Any = http_application if http_application is not None else get_asgi_application()
+    if http_application is None:
+        django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
+        http_application = AcpASGIHandler()
+    http: Any = http_application
     routes = [path(websocket_prefix, include(websocket_urlpatterns))] if websocket_prefix else [*websocket_urlpatterns]
     routes.append(re_path(r"", refuse_websocket))  # type: ignore[arg-type]  # an ASGI app, as channels routes take
     websocket: Any = URLRouter(routes)

@@ -1,0 +1,177 @@
+"""Django's ASGI handler, finishing a response without an OS thread when nothing needs one.
+
+Django's `ASGIHandler` ends every request with `await sync_to_async(response.close)()` inside a
+`ThreadSensitiveContext`: the first sync call of a request starts a thread for that request,
+and leaving the context starts another to join it. So every POST, and every SSE stream once it
+ends, cost two thread starts and joins (strace: 2 `clone3` and ~35 `futex` per POST), a tenth
+of a small POST's CPU, though `response.close()` usually has nothing to do but send
+`request_finished` to no receiver.
+
+`AcpASGIHandler` is that handler with one change: the request's thread-sensitive calls go to an
+executor of its own (`RequestExecutor`), which starts the request's thread only when a call needs
+it, and runs `response.close()` right on the event loop when it is safe:
+
+- no sync code of this request ran in a thread (so no database connection of it is open there:
+  Django refuses sync database use on the event loop's thread), and
+- the response holds no resources to close but the request (its spooled body: Django closes
+  it with the response) (no files, no sync iterators), and
+- every `request_finished` receiver is one Django connects and known to be harmless on the
+  loop's thread (`SAFE_ON_LOOP`: django.db's `close_old_connections` closes the connections of
+  the thread it runs on, and the loop's has none; `reset_urlconf` clears a context-local
+  setting; `close_caches` only when the request opened no cache).
+
+Anything else (a receiver of the site's own, a sync middleware that ran, a FileResponse) takes
+the thread as before: nothing Django promises is skipped, no signal is left unsent. Every other
+thread-sensitive call of the request (sync middleware, `sync_to_async` in a view) runs as Django
+runs it: one thread per request, the same one for all of the request's calls.
+
+On a site with databases, django.db's `request_started` receivers are sync, so each request
+still starts its thread there (`acp_channels.apps` disconnects them when no database is
+configured). See docs/deployment.md.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import ThreadSensitiveContext
+from django.core import signals
+from django.core.handlers.asgi import ASGIHandler
+from django.http import HttpRequest, HttpResponseBase
+
+__all__ = ["SAFE_ON_LOOP", "AcpASGIHandler", "RequestExecutor", "close_runs_on_loop"]
+
+
+def _safe_receivers() -> dict[Callable[..., Any], Callable[[], bool]]:
+    from django.core.cache import caches, close_caches
+    from django.core.handlers.base import reset_urlconf
+    from django.db import close_old_connections
+
+    return {
+        # Closes the database connections of the thread it runs on: the loop's has none.
+        close_old_connections: lambda: True,
+        # Clears a context-local setting.
+        reset_urlconf: lambda: True,
+        # Closes the caches this request's context opened (network clients may block): only
+        # when it opened none.
+        close_caches: lambda: not caches.all(initialized_only=True),
+    }
+
+
+#: Sync `request_finished` receivers Django connects, and when each may run on the loop's thread.
+SAFE_ON_LOOP: dict[Callable[..., Any], Callable[[], bool]] = _safe_receivers()
+
+_current: contextvars.ContextVar[RequestExecutor | None] = contextvars.ContextVar("acp_request_executor", default=None)
+
+
+class RequestExecutor(concurrent.futures.Executor):
+    """One request's thread-sensitive calls: in a thread of the request's own, started on the
+    first call that needs one (as Django's per-request executor), or on the loop for the one
+    call `run_on_loop` names."""
+
+    def __init__(self) -> None:
+        self._thread_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._on_loop: Callable[..., Any] | None = None
+        self._allowed: Callable[[], bool] = lambda: True
+
+    @property
+    def started_thread(self) -> bool:
+        return self._thread_pool is not None
+
+    def run_on_loop(self, call: Callable[..., Any], allowed: Callable[[], bool] = lambda: True) -> None:
+        """Run `call`, when it is submitted next, right where it is submitted (on the loop) if
+        `allowed()` says so then (a streamed response closes long after it was made)."""
+        self._on_loop = call
+        self._allowed = allowed
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        target, self._on_loop = self._on_loop, None
+        if target is not None and _calls(fn, target) and self._allowed():
+            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as error:
+                future.set_exception(error)
+            return future
+        if self._thread_pool is None:
+            self._thread_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="acp-request")
+        return self._thread_pool.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        pool, self._thread_pool = self._thread_pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def _calls(fn: Callable[..., Any], target: Callable[..., Any]) -> bool:
+    """Whether `fn` is `target` wrapped in partials (asgiref hands the executor the sync
+    function inside two of them). Anything else, or another layout of asgiref: False, and the
+    call takes the thread, as it would without us."""
+    seen = 0
+    pending: list[Any] = [fn]
+    while pending and seen < 16:
+        seen += 1
+        candidate = pending.pop()
+        if candidate == target:
+            return True
+        if isinstance(candidate, functools.partial):
+            pending.append(candidate.func)
+            pending.extend(candidate.args)
+    return False
+
+
+def _closes_a_request(closer: Callable[[], Any]) -> bool:
+    """Django closes the request with its response: the body it spooled (in memory, or a
+    temporary file once large) and any uploads, quick to close anywhere."""
+    return isinstance(getattr(closer, "__self__", None), HttpRequest) and getattr(closer, "__name__", "") == "close"
+
+
+def close_runs_on_loop(response: HttpResponseBase, executor: RequestExecutor, sender: type) -> bool:
+    """Whether `response.close()` may run on the event loop (see the module's docstring);
+    `sender` is the handler class `request_finished` will name."""
+    if executor.started_thread or not all(map(_closes_a_request, getattr(response, "_resource_closers", ()))):
+        return False
+    try:
+        sync_receivers, async_receivers = signals.request_finished._live_receivers(sender)
+    except (AttributeError, TypeError, ValueError):  # another Django's internals: take the thread
+        return False
+    harmless = (SAFE_ON_LOOP.get(receiver) for receiver in sync_receivers)
+    return not async_receivers and all(check is not None and check() for check in harmless)
+
+
+class AcpASGIHandler(ASGIHandler):
+    """`django.core.asgi.get_asgi_application()`'s handler, whose requests start a thread only
+    when one of their calls needs it (this module's docstring)."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        executor = RequestExecutor()
+        try:
+            context = ThreadSensitiveContext(executor=executor)
+        except TypeError:  # asgiref before 3.13 takes no executor: Django's own way
+            async with ThreadSensitiveContext():
+                await self.handle(scope, receive, send)
+            return
+        token = _current.set(executor)
+        try:
+            async with context:
+                await self.handle(scope, receive, send)
+        finally:
+            _current.reset(token)
+            if executor.started_thread:
+                # Joined off the loop, as asgiref joins its own (the thread may wait for the loop).
+                threading.Thread(target=executor.shutdown, name="acp-request-join", daemon=True).start()
+
+    async def run_get_response(self, request: Any) -> Any:
+        response = await super().run_get_response(request)
+        executor = _current.get()
+        if executor is not None:
+            sender = self.__class__
+            executor.run_on_loop(response.close, lambda: close_runs_on_loop(response, executor, sender))
+        return response

@@ -1,0 +1,194 @@
+"""acp_channels.handler: requests start no OS thread when none of their calls needs one, and
+everything Django promises still happens (signals sent, sync code in one thread per request).
+
+Driven in-process through the application `build_asgi_application` makes, with asgiref's
+ApplicationCommunicator; threads are counted by wrapping `threading.Thread.start`."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from asgiref.testing import ApplicationCommunicator
+from django.core import signals
+from django.core.handlers.asgi import ASGIHandler
+from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
+from django.urls import include, path
+
+from acp_channels.handler import AcpASGIHandler, RequestExecutor, close_runs_on_loop
+from acp_channels.limits import BodyLimit
+
+seen_threads: list[int] = []
+
+
+async def two_sync_calls(request: HttpRequest) -> HttpResponse:
+    first = await sync_to_async(threading.get_ident)()
+    second = await sync_to_async(threading.get_ident)()
+    return JsonResponse({"first": first, "second": second, "loop": threading.get_ident()})
+
+
+FILE_CONTENT = b"file content\n" * 100
+
+
+async def a_file(request: HttpRequest) -> FileResponse:
+    return FileResponse(io.BytesIO(FILE_CONTENT))  # a file-like object the response closes
+
+
+urlpatterns = [
+    path("", include("acp_channels.urls")),
+    path("two-sync-calls", two_sync_calls),
+    path("a-file", a_file),
+]
+
+
+@pytest.fixture(autouse=True)
+def urls(settings: Any) -> None:
+    settings.ROOT_URLCONF = __name__
+
+
+@pytest.fixture
+def thread_starts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    started: list[str] = []
+    real = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        started.append(self.name)
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    yield started
+
+
+async def request(
+    app: Callable[..., Awaitable[None]], method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    status, content, _ = await exchange(app, method, url, body, headers)
+    return status, content
+
+
+async def exchange(
+    app: Callable[..., Awaitable[None]], method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, bytes, dict[str, str]]:
+    scope = {
+        "type": "http", "method": method, "path": url, "raw_path": url.encode(), "query_string": b"",
+        "headers": [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()],
+        "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000),
+        "root_path": "",
+    }
+    communicator = ApplicationCommunicator(app, scope)
+    await communicator.send_input({"type": "http.request", "body": body})
+    start = await communicator.receive_output(5)
+    content = b""
+    while True:
+        message = await communicator.receive_output(5)
+        content += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    await communicator.wait(5)
+    response_headers = {name.decode().lower(): value.decode() for name, value in start["headers"]}
+    return start["status"], content, response_headers
+
+
+JSON_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+NOTIFICATION = json.dumps({"jsonrpc": "2.0", "method": "custom/noop"}).encode()
+
+
+INITIALIZE = json.dumps(
+    {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1, "clientCapabilities": {}}}
+).encode()
+
+
+@pytest.mark.parametrize(("handler", "fewest"), [(AcpASGIHandler, 0), (ASGIHandler, 200)])
+async def test_a_hundred_posts_start_threads_only_under_djangos_own_handler(
+    handler: type[ASGIHandler], fewest: int, thread_starts: list[str]
+) -> None:
+    app = BodyLimit(handler())
+    status, _, response_headers = await exchange(app, "POST", "/acp", INITIALIZE, JSON_HEADERS)
+    assert status == 200
+    connection_id = response_headers["acp-connection-id"]
+    headers = {**JSON_HEADERS, "acp-connection-id": connection_id}
+    assert (await request(app, "POST", "/acp", NOTIFICATION, headers))[0] == 202  # warm
+    thread_starts.clear()
+    statuses = {(await request(app, "POST", "/acp", NOTIFICATION, headers))[0] for _ in range(100)}
+    assert statuses == {202}
+    if fewest:
+        assert len(thread_starts) >= fewest  # what the stock handler costs: two threads a request
+    else:
+        assert thread_starts == []
+    assert (await request(app, "DELETE", "/acp", headers=headers))[0] in (200, 202, 204)
+
+
+async def test_request_finished_still_reaches_a_sites_receiver_once_per_request_off_the_loop() -> None:
+    calls: list[int] = []
+
+    def receiver(sender: object, **kwargs: Any) -> None:
+        calls.append(threading.get_ident())
+
+    signals.request_finished.connect(receiver)
+    try:
+        app = AcpASGIHandler()
+        for _ in range(5):
+            assert (await request(app, "GET", "/health"))[0] == 200
+    finally:
+        signals.request_finished.disconnect(receiver)
+    assert len(calls) == 5
+    assert threading.get_ident() not in calls  # a receiver we do not know runs where Django runs it
+
+
+async def test_an_async_request_finished_receiver_is_still_sent() -> None:
+    calls: list[str] = []
+
+    async def receiver(sender: object, **kwargs: Any) -> None:
+        calls.append("finished")
+
+    signals.request_finished.connect(receiver)
+    try:
+        assert (await request(AcpASGIHandler(), "GET", "/health"))[0] == 200
+    finally:
+        signals.request_finished.disconnect(receiver)
+    assert calls == ["finished"]
+
+
+async def test_sync_calls_of_one_request_share_one_thread_that_is_not_the_loops() -> None:
+    status, body = await request(AcpASGIHandler(), "GET", "/two-sync-calls")
+    assert status == 200
+    threads = json.loads(body)
+    assert threads["first"] == threads["second"] != threads["loop"]
+
+
+@pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consume synchronous iterators")
+async def test_a_file_response_is_closed_in_the_requests_thread(thread_starts: list[str]) -> None:
+    status, body = await request(AcpASGIHandler(), "GET", "/a-file")
+    assert status == 200 and body == FILE_CONTENT
+    assert any(name.startswith("acp-request") for name in thread_starts)
+
+
+def test_what_keeps_the_close_off_the_loop() -> None:
+    plain = HttpResponse("x")
+    assert close_runs_on_loop(plain, RequestExecutor(), AcpASGIHandler)
+    with_file = FileResponse(io.BytesIO(FILE_CONTENT))
+    try:
+        assert not close_runs_on_loop(with_file, RequestExecutor(), AcpASGIHandler)
+    finally:
+        with_file.close()
+    used = RequestExecutor()
+    assert used.submit(threading.get_ident).result() != threading.get_ident()
+    try:
+        assert not close_runs_on_loop(plain, used, AcpASGIHandler)  # a thread of the request exists
+    finally:
+        used.shutdown()
+
+
+async def test_the_executor_runs_only_the_named_call_on_the_loop() -> None:
+    executor = RequestExecutor()
+    loop = asyncio.get_running_loop()
+    executor.run_on_loop(threading.get_ident)
+    assert await loop.run_in_executor(executor, threading.get_ident) == threading.get_ident()
+    assert await loop.run_in_executor(executor, threading.get_ident) != threading.get_ident()  # once only
+    executor.shutdown()
