@@ -137,6 +137,14 @@ async def test_415_unless_content_type_is_application_json(
     assert_text(response, 415, "Content-Type must be application/json")
 
 
+async def test_a_form_body_reaches_the_endpoint_unparsed(http: httpx.AsyncClient, url: str) -> None:
+    # Twisted parses POSTed forms for its own request.args (which daphne never reads), and
+    # answered a malformed multipart body 400 itself, closing the connection.
+    for content_type in ("multipart/form-data; boundary=x", "application/x-www-form-urlencoded"):
+        response = await http.post(url, headers={"Content-Type": content_type}, content=b"--x\r\nbroken")
+        assert_text(response, 415, "Content-Type must be application/json")
+
+
 async def test_415_comes_before_every_other_check(http: httpx.AsyncClient, url: str) -> None:
     # invalid UTF-8 (row 5), no connection id (row 7), unknown id (row 8): 415 wins
     response = await http.post(url, headers={"Content-Type": "text/plain"}, content=b"\xff")
