@@ -32,6 +32,10 @@
   drops oversized headers without an answer. Daphne's HTTP factory now builds guarded channels:
   413 for the ACP endpoint's over-limit bodies before they are read, 408 for slow headers or
   bodies (HEADER_TIMEOUT_SECONDS, BODY_TIMEOUT_SECONDS), 431 for oversized headers.
+- Per-frame debug formatting: autobahn builds the arguments of a debug line for every frame it
+  sends (`hltype`/`hlval`, colouring through click) before the logger drops it: a tenth of a
+  WebSocket frame's cost on daphne (bench/PROFILE.md). Its WebSocket module gets plain
+  versions (the same text, uncoloured, when its debug log is on).
 The Twisted side is in acp_channels.daphne_guards, which says why each guard works as it does.
 Under `runserver`, daphne's server is created before this runs: there only the WebSocket and
 send patches apply (they take effect for connections made after the first WebSocket).
@@ -61,9 +65,27 @@ def install() -> bool:
     _install_denial_response(WebSocketProtocol)
     _install_handshake_guard(WebSocketProtocol)
     _install_websocket_scheme()
+    _install_plain_debug_values()
     _install_guards()
     _install_graceful_sigterm()
     return True
+
+
+def plain_type(obj: Any) -> str:
+    """autobahn's `hltype` without the colours: "<module.qualname>"."""
+    return f"<{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}>"
+
+
+def plain_value(value: Any, color: str = "", bold: bool = True) -> str:
+    """autobahn's `hlval` without the colours."""
+    return str(value)
+
+
+def _install_plain_debug_values() -> None:
+    from autobahn.websocket import protocol
+
+    protocol.hltype = plain_type  # type: ignore[attr-defined]
+    protocol.hlval = plain_value  # type: ignore[attr-defined]
 
 
 def _install_accept_headers(websocket_protocol: Any) -> None:
