@@ -13,8 +13,8 @@ it, and runs `response.close()` right on the event loop when it is safe:
 
 - no sync code of this request ran in a thread (so no database connection of it is open there:
   Django refuses sync database use on the event loop's thread), and
-- the response holds no resources to close but the request (its spooled body: Django closes
-  it with the response) (no files, no sync iterators), and
+- the response holds nothing to close but the request (its spooled body: Django closes it with
+  the response) and `LoopCloser`s (no files, no sync iterators), and
 - every `request_finished` receiver is one Django connects and known to be harmless on the
   loop's thread (`SAFE_ON_LOOP`: django.db's `close_old_connections` closes the connections of
   the thread it runs on, and the loop's has none; `reset_urlconf` clears a context-local
@@ -32,6 +32,7 @@ configured). See docs/deployment.md.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextvars
 import functools
@@ -44,7 +45,7 @@ from django.core import signals
 from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, HttpResponseBase
 
-__all__ = ["SAFE_ON_LOOP", "AcpASGIHandler", "RequestExecutor", "close_runs_on_loop"]
+__all__ = ["SAFE_ON_LOOP", "AcpASGIHandler", "LoopCloser", "RequestExecutor", "close_runs_on_loop"]
 
 
 def _safe_receivers() -> dict[Callable[..., Any], Callable[[], bool]]:
@@ -125,16 +126,38 @@ def _calls(fn: Callable[..., Any], target: Callable[..., Any]) -> bool:
     return False
 
 
-def _closes_a_request(closer: Callable[[], Any]) -> bool:
-    """Django closes the request with its response: the body it spooled (in memory, or a
-    temporary file once large) and any uploads, quick to close anywhere."""
+class LoopCloser:
+    """A response closer that touches asyncio state (a stream's lease): it must run on the
+    event loop. AcpASGIHandler runs it there; when Django closes the response in a thread, it
+    is handed back to the loop instead of running there (where it could not reach the loop)."""
+
+    def __init__(self, close: Callable[[], None]) -> None:
+        self._close = close
+        self._loop = asyncio.get_running_loop()
+
+    def __call__(self) -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._close()
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._close)
+
+
+def _closes_on_loop(closer: Callable[[], Any]) -> bool:
+    """Closers quick and safe on the loop: a LoopCloser, and the request, which Django closes
+    with its response (the body it spooled, in memory or a temporary file once large)."""
+    if isinstance(closer, LoopCloser):
+        return True
     return isinstance(getattr(closer, "__self__", None), HttpRequest) and getattr(closer, "__name__", "") == "close"
 
 
 def close_runs_on_loop(response: HttpResponseBase, executor: RequestExecutor, sender: type) -> bool:
     """Whether `response.close()` may run on the event loop (see the module's docstring);
     `sender` is the handler class `request_finished` will name."""
-    if executor.started_thread or not all(map(_closes_a_request, getattr(response, "_resource_closers", ()))):
+    if executor.started_thread or not all(map(_closes_on_loop, getattr(response, "_resource_closers", ()))):
         return False
     try:
         sync_receivers, async_receivers = signals.request_finished._live_receivers(sender)

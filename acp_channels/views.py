@@ -37,6 +37,7 @@ from acp_channels.gateway import (
     locate,
     open_connection,
 )
+from acp_channels.handler import LoopCloser
 from acp_channels.identity import Principal
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import (
@@ -311,8 +312,9 @@ async def open_stream(request: HttpRequest, principal: Principal) -> HttpRespons
         response: HttpResponseBase = HttpResponse(content_type="text/event-stream")
     else:
         response = EventStreamResponse(sse_body(lease, float(acp_settings.KEEPALIVE_SECONDS)))
-        # If the body is never iterated (the client left at once), closing frees the stream.
-        response._resource_closers.append(lease.release)  # type: ignore[attr-defined]
+        # If the body is never iterated (the client left at once), closing frees the stream (on
+        # the loop: a lease is asyncio state, and a remote one sends its release from there).
+        response._resource_closers.append(LoopCloser(lease.release))  # type: ignore[attr-defined]
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: never buffer an event stream
     response[CONNECTION_HEADER] = connection_id

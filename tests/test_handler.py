@@ -21,7 +21,7 @@ from django.core.handlers.asgi import ASGIHandler
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
 
-from acp_channels.handler import AcpASGIHandler, RequestExecutor, close_runs_on_loop
+from acp_channels.handler import AcpASGIHandler, LoopCloser, RequestExecutor, close_runs_on_loop
 from acp_channels.limits import BodyLimit
 
 seen_threads: list[int] = []
@@ -192,3 +192,19 @@ async def test_the_executor_runs_only_the_named_call_on_the_loop() -> None:
     assert await loop.run_in_executor(executor, threading.get_ident) == threading.get_ident()
     assert await loop.run_in_executor(executor, threading.get_ident) != threading.get_ident()  # once only
     executor.shutdown()
+
+
+async def test_a_loop_closer_called_from_a_thread_runs_on_the_loop() -> None:
+    ran_on: list[int] = []
+    done = asyncio.Event()
+
+    def close() -> None:
+        ran_on.append(threading.get_ident())
+        done.set()
+
+    closer = LoopCloser(close)
+    await asyncio.get_running_loop().run_in_executor(None, closer)  # as Django's close in a thread
+    await done.wait()
+    assert ran_on == [threading.get_ident()]
+    closer()  # on the loop: at once
+    assert ran_on == [threading.get_ident()] * 2
