@@ -825,6 +825,25 @@ class ConnectionHost:
     def start(self) -> None:
         if self._router is None:
             self._router = asyncio.create_task(self._run_router(), name=f"acp-router-{self.connection_id}")
+            direct_sink = getattr(self.agent, "direct_sink", None)
+            if direct_sink is not None:
+                direct_sink(self._route_directly)
+
+    def _route_directly(self, frame: Frame) -> bool:
+        """The router's work for one frame, done on the agent's task when nothing is queued
+        before it: False (queue it) while the budget has no room, so backpressure is the
+        router's, as before."""
+        if self.ended.is_set():
+            return True  # as the router, cancelled by then: nobody reads
+        if not self._budget.has_room():
+            return False
+        metrics.record_messages_out(self.transport, frame)
+        try:
+            self._route(frame)
+        except Exception:
+            logger.exception("router of connection %s failed", self.connection_id)
+            self._end("agent ended")
+        return True
 
     def stream(self, key: StreamKey) -> Mailbox:
         """The mailbox of a stream, created on demand (§6.2). The agent's output and POSTs

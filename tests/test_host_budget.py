@@ -492,3 +492,61 @@ async def until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None
     async with asyncio.timeout(timeout):
         while not condition():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+
+
+# -- an SDK agent's frames reach the mailbox without the router while nothing is queued --------
+
+
+async def stream_through_host(budget: int, chunks: int) -> tuple[list[int], int]:
+    """The demo agent behind a host streams `chunks` chunks; returns the chunk indices the
+    session stream delivered, in order, and how many frames went through the router."""
+    from acp_channels.agents.sdk import SdkAgentChannel
+    from demo_project.agent import create_agent
+
+    host = registry.create(
+        lambda _: SdkAgentChannel(create_agent()), "http", connection_id=new_connection_id(), max_buffered_bytes=budget
+    )
+    routed = 0
+    real_receive = host.agent.receive
+
+    async def counted_receive() -> Any:
+        nonlocal routed
+        frame = await real_receive()
+        routed += frame is not None
+        return frame
+
+    host.agent.receive = counted_receive  # type: ignore[method-assign]
+    host.start()
+    try:
+        await host.submit(plan(rpc(0, "initialize", {"protocolVersion": 1})))
+        assert (await next_item(host))["id"] == 0
+        await host.submit(plan(rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})))
+        session = (await next_item(host))["result"]["sessionId"]
+        await host.submit(plan(rpc(2, "session/prompt", {"sessionId": session, "prompt": [
+            {"type": "text", "text": f"stream {chunks} 200"}]}), session))
+        indices: list[int] = []
+        lease = host.lease(session)
+        try:
+            while True:
+                items = await lease.take(TIMEOUT)
+                assert items, "the stream stalled"
+                for item in map(json.loads, items):
+                    if item.get("id") == 2:
+                        return indices, routed
+                    indices.append(int(item["params"]["update"]["content"]["text"].split(":")[0]))
+        finally:
+            lease.release()
+    finally:
+        await host.terminate()
+
+
+async def test_with_room_an_sdk_agents_frames_skip_the_router_in_order() -> None:
+    indices, routed = await stream_through_host(4 * 1024 * KiB, 300)
+    assert indices == list(range(300))
+    assert routed < 10  # direct: the chunks never waited in the agent's outbox
+
+
+async def test_without_room_the_frames_wait_for_the_router_and_keep_their_order() -> None:
+    indices, routed = await stream_through_host(16 * KiB, 300)  # ~70 chunks fill the budget
+    assert indices == list(range(300))
+    assert routed > 10  # backpressure: queued for the router while the reader was behind
