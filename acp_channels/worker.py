@@ -340,7 +340,7 @@ class Bus:
         delay = 0.005
         while True:
             try:
-                inbox = self._inbox
+                layer, inbox = self.layer, self._inbox  # the layer first: it makes the inbox
                 if inbox is not None:
                     # Cancellation-safe: a cancelled caller leaves the pipelined replies aligned.
                     await inbox.send(channel, message)
@@ -348,7 +348,7 @@ class Bus:
                     # Shielded: redis-py can swallow a cancellation that arrives mid-command, and
                     # a cancelled caller (a client that left) must stop at once. The send
                     # finishes on its own; its message is harmless to a caller that is gone.
-                    await asyncio.shield(self.layer.send(channel, message))
+                    await asyncio.shield(layer.send(channel, message))
                 return
             except ChannelFull:
                 if time.monotonic() > deadline:

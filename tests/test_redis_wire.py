@@ -273,3 +273,22 @@ async def test_a_command_stuck_behind_a_blocking_one_times_out_by_its_own_deadli
     with pytest.raises(ConnectionError):  # the connection was given up with it
         await blocking
     assert await client.execute("PING") == "PONG"
+
+
+async def test_a_bus_whose_first_act_is_a_send_uses_the_inbox(
+    redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inbox is made with the layer; a send before anything else touched the layer went
+    through the layer's sorted sets, which no inbox reads."""
+    from acp_channels import worker
+    from acp_channels.layers import RedisChannelLayer
+
+    prefix = f"acp-test-{uuid.uuid4().hex[:8]}:"
+    layer = RedisChannelLayer(hosts=[redis.url], prefix=prefix)
+    monkeypatch.setattr(worker, "get_channel_layer", lambda: layer)
+    bus = worker.Bus()
+    await bus.send(worker.inbox_channel("abcdef123456"), {"type": "acp.push", "lease": "x", "end": True})
+    reader = RedisWire(port=redis.port)
+    assert await reader.execute("LLEN", f"{prefix}acp.worker.abcdef123456.inbox") == 1
+    await reader.execute("DEL", f"{prefix}acp.worker.abcdef123456.inbox")
+    await reader.close()
