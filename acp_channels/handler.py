@@ -91,8 +91,12 @@ class RequestExecutor(concurrent.futures.Executor):
         self._allowed = allowed
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
-        target, self._on_loop = self._on_loop, None
-        if target is not None and _calls(fn, target) and self._allowed():
+        target = self._on_loop
+        if target is not None and _calls(fn, target):
+            self._on_loop = None
+        else:
+            target = None
+        if target is not None and self._allowed():
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             try:
                 future.set_result(fn(*args, **kwargs))

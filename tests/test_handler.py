@@ -189,6 +189,8 @@ async def test_the_executor_runs_only_the_named_call_on_the_loop() -> None:
     executor = RequestExecutor()
     loop = asyncio.get_running_loop()
     executor.run_on_loop(threading.get_ident)
+    # another call first: it takes the thread, and the named call still runs on the loop after it
+    assert "acp-request" in await loop.run_in_executor(executor, lambda: threading.current_thread().name)
     assert await loop.run_in_executor(executor, threading.get_ident) == threading.get_ident()
     assert await loop.run_in_executor(executor, threading.get_ident) != threading.get_ident()  # once only
     executor.shutdown()
