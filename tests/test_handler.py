@@ -17,14 +17,14 @@ import pytest
 from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.core import signals
+from django.core.cache import caches, close_caches
 from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.base import reset_urlconf
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
 
 from acp_channels.handler import AcpASGIHandler, LoopCloser, RequestExecutor, close_runs_on_loop
 from acp_channels.limits import BodyLimit
-
-seen_threads: list[int] = []
 
 
 async def two_sync_calls(request: HttpRequest) -> HttpResponse:
@@ -169,7 +169,17 @@ async def test_a_file_response_is_closed_in_the_requests_thread(thread_starts: l
     assert any(name.startswith("acp-request") for name in thread_starts)
 
 
-def test_what_keeps_the_close_off_the_loop() -> None:
+@pytest.fixture
+def finished_receivers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """request_finished's sync receivers as close_runs_on_loop sees them (Django's two by default;
+    what other tests connected or opened does not leak in)."""
+    receivers: list[Any] = [reset_urlconf, close_caches]
+    monkeypatch.setattr(signals.request_finished, "_live_receivers", lambda sender: (receivers, []))
+    monkeypatch.setattr(caches, "all", lambda initialized_only=False: [])
+    return receivers
+
+
+def test_what_keeps_the_close_off_the_loop(finished_receivers: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     plain = HttpResponse("x")
     assert close_runs_on_loop(plain, RequestExecutor(), AcpASGIHandler)
     with_file = FileResponse(io.BytesIO(FILE_CONTENT))
@@ -183,6 +193,11 @@ def test_what_keeps_the_close_off_the_loop() -> None:
         assert not close_runs_on_loop(plain, used, AcpASGIHandler)  # a thread of the request exists
     finally:
         used.shutdown()
+    monkeypatch.setattr(caches, "all", lambda initialized_only=False: ["a cache the request opened"])
+    assert not close_runs_on_loop(plain, RequestExecutor(), AcpASGIHandler)
+    monkeypatch.setattr(caches, "all", lambda initialized_only=False: [])
+    finished_receivers.append(lambda sender, **kwargs: None)  # a site's own receiver
+    assert not close_runs_on_loop(plain, RequestExecutor(), AcpASGIHandler)
 
 
 async def test_the_executor_runs_only_the_named_call_on_the_loop() -> None:
