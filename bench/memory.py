@@ -85,13 +85,8 @@ async def measure(key: str, transport: str) -> dict[str, Any]:
 
 
 async def run() -> dict[str, Any]:
-    import subprocess
-
+    from bench.cluster_hop import commit_of
     from bench.run import LOADGEN_CPU, log
-
-    def git_commit() -> str:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
-        return done.stdout.strip()
 
     os.sched_setaffinity(0, {LOADGEN_CPU})
     results: dict[str, Any] = {}
@@ -105,7 +100,7 @@ async def run() -> dict[str, Any]:
                 results.setdefault(key, {})[transport] = {"error": f"{type(error).__name__}: {error}"}
                 log(f"  {key} {transport}: FAILED {error}")
     return {
-        "commit": git_commit(),
+        "commit": commit_of(HERE.parent),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "clients": CLIENTS,
         "servers": results,
