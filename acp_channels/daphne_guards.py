@@ -38,7 +38,6 @@ there.
 
 from __future__ import annotations
 
-import asyncio
 from functools import partial
 from typing import Any, Final
 
@@ -49,6 +48,7 @@ from zope.interface import implementer
 
 from acp_channels import limits
 from acp_channels.conf import acp_settings
+from acp_channels.handoff import LazyEvent
 
 # Twisted's HTTP classes are mostly untyped: subclassed and called through Any.
 HTTPChannel: Any = http.HTTPChannel
@@ -68,7 +68,7 @@ class SendGate:
     is gone (so nobody waits on a dead socket)."""
 
     def __init__(self) -> None:
-        self._open = asyncio.Event()
+        self._open = LazyEvent()
         self._open.set()
         self.stopped = False
 

@@ -26,6 +26,7 @@ from typing import Any, Final, Literal
 from acp_channels import metrics, protocol
 from acp_channels.agents.channel import AgentChannel, AgentClosed
 from acp_channels.conf import acp_settings
+from acp_channels.handoff import LazyEvent
 from acp_channels.identity import ANONYMOUS, AgentContext, Principal, TransportKind
 from acp_channels.protocol import Batch, Frame, InboundPlan, Single, StreamKey, parse_event_id
 
@@ -241,7 +242,7 @@ class Mailbox:
         self._in_flight = 0  # bytes of the reader's last batch, not yet confirmed written
         self._in_flight_count = 0
         self._on_idle = on_idle
-        self._wakeup = asyncio.Event()
+        self._wakeup = LazyEvent()
         self._holder: object | None = None
         self.closed = False
         #: Names this stream in its event ids; a stream made again after being forgotten has a new one.
@@ -604,7 +605,7 @@ class ConnectionHost:
         self._agent_requests: dict[str, StreamKey] = {}
         self._router: asyncio.Task[None] | None = None
         self._on_end = on_end
-        self.ended = asyncio.Event()
+        self.ended = LazyEvent()
         self.last_active = self.opened_at = asyncio.get_running_loop().time()
 
     @property
