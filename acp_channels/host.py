@@ -585,9 +585,8 @@ class ConnectionHost:
         # WebSocket: the grace period of a detached socket (see _socket_detached).
         self._grace: asyncio.TimerHandle | None = None
         self._grace_ending: asyncio.Task[None] | None = None
-        self._socket_outbox = SocketOutbox(
-            self._budget, on_attach=self._stop_grace, on_detach=self._socket_detached, **self._window
-        )
+        # WebSocket connections only, made on first use: an HTTP connection never holds one.
+        self._socket_outbox: SocketOutbox | None = None
         # Client messages received on this connection's sockets (Acp-Received on a reattach),
         # handed to the agent one at a time in the order they were counted.
         self._socket_received = 0
@@ -665,7 +664,7 @@ class ConnectionHost:
         limit: int = _setting("MAX_PENDING_REQUESTS")
         if ids and self._pending_requests + len(ids) > limit:
             await self._budget.wait_for_room()  # refusals are output too: a client that does not read waits
-            self._socket_outbox.push(protocol.serialize_frame(too_many_requests_reply(frame, ids, limit)))
+            self.socket_outbox.push(protocol.serialize_frame(too_many_requests_reply(frame, ids, limit)))
             return
         for request_id in ids:
             key = protocol.id_key(request_id)
@@ -722,7 +721,7 @@ class ConnectionHost:
             raise AgentClosed("connection ended")
         self.last_active = asyncio.get_running_loop().time()
         if self.transport == "websocket":
-            self._socket_outbox.push(text)
+            self.socket_outbox.push(text)
         else:
             self.stream(protocol.CONNECTION_STREAM).push(text)
 
@@ -742,14 +741,14 @@ class ConnectionHost:
             raise StreamBusy
         if self.ended.is_set():
             raise AgentClosed("connection ended")
-        self._socket_outbox.resume(last_seq, str(last_seq))  # checked before the socket attached is displaced
-        self._socket_outbox.take_over(holder)
+        self.socket_outbox.resume(last_seq, str(last_seq))  # checked before the socket attached is displaced
+        self.socket_outbox.take_over(holder)
         self.last_active = asyncio.get_running_loop().time()
         return self._socket_received
 
     def holds_socket(self, holder: object) -> bool:
         """Whether `holder` is the socket attached to this connection now."""
-        return self._socket_outbox.holder is holder
+        return self.socket_outbox.holder is holder
 
     async def receive_from_socket(self, text: str, holder: object) -> bool:
         """A text message the client sent on socket `holder`: counted, then handed to the agent
@@ -761,7 +760,7 @@ class ConnectionHost:
         gone) cannot lose a message already counted."""
         if self.ended.is_set():
             raise AgentClosed("connection ended")
-        if self._socket_outbox.holder is not holder:
+        if self.socket_outbox.holder is not holder:
             return False
         self._socket_received += 1
         delivery = asyncio.ensure_future(self._deliver_from_socket(text))
@@ -787,11 +786,11 @@ class ConnectionHost:
     async def detach_socket(self, holder: object, end: EndReason | None = None) -> None:
         """Socket `holder` is gone. With `end` (a clean close, a failed send) the connection ends
         now; else, while it is the socket attached, the grace period starts."""
-        if self._socket_outbox.holder is not holder:
+        if self.socket_outbox.holder is not holder:
             return  # replaced by a reattached socket: nothing of the connection's changes
         if end is not None:
             await self.terminate(end)
-        self._socket_outbox.release(holder)
+        self.socket_outbox.release(holder)
 
     def _socket_detached(self) -> None:
         """No socket holds the outbox: the connection waits WEBSOCKET_RESUME_SECONDS for one to
@@ -811,7 +810,7 @@ class ConnectionHost:
 
     def _grace_over(self) -> None:
         self._grace = None
-        if self.ended.is_set() or self._socket_outbox.leased:
+        if self.ended.is_set() or self.socket_outbox.leased:
             return
         logger.info("connection %s: no socket reattached in time; ending it", self.connection_id)
         self._grace_ending = asyncio.ensure_future(self.terminate("socket closed"))
@@ -928,6 +927,10 @@ class ConnectionHost:
 
     @property
     def socket_outbox(self) -> SocketOutbox:
+        if self._socket_outbox is None:
+            self._socket_outbox = SocketOutbox(
+                self._budget, on_attach=self._stop_grace, on_detach=self._socket_detached, **self._window
+            )
         return self._socket_outbox
 
     async def _run_router(self) -> None:
@@ -948,9 +951,9 @@ class ConnectionHost:
     def _route(self, frame: Frame) -> None:
         if self.transport == "websocket":
             if self._count_socket_replies(frame):  # an initialize reply got `_meta`: the raw text lacks it
-                self._socket_outbox.push(protocol.dumps(protocol.frame_value(frame)))
+                self.socket_outbox.push(protocol.dumps(protocol.frame_value(frame)))
             else:
-                self._socket_outbox.push(protocol.serialize_frame(frame))
+                self.socket_outbox.push(protocol.serialize_frame(frame))
             return
         unpinned: list[str] = []
         key = protocol.route_outbound(frame, lambda request: self._pop_route(request, unpinned))
@@ -1025,13 +1028,15 @@ class ConnectionHost:
         self._stop_grace()
         for mailbox in self._streams.values():
             mailbox.close()
-        self._socket_outbox.close()
+        if self._socket_outbox is not None:
+            self._socket_outbox.close()
         self._on_end(self)
 
     async def terminate(self, reason: EndReason = "delete") -> None:
         """End the connection now (DELETE, socket closed, failed initialize): abortive (§10)."""
         self._end(reason)
-        self._socket_outbox.writer_never_started()  # if it never took, it never will
+        if self._socket_outbox is not None:
+            self._socket_outbox.writer_never_started()  # if it never took, it never will
         if self._router is not None:
             self._router.cancel()
         await self.agent.close()
