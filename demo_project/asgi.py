@@ -1,9 +1,18 @@
-"""ASGI entry point: `daphne demo_project.asgi:application`."""
+"""ASGI entry point: `daphne demo_project.asgi:application`. Static files (the browser page's
+script and styles, acp_channels' acp-client.js) are served by Django's ASGIStaticFilesHandler:
+no build step, no collectstatic."""
 
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
 
+import django
+
+django.setup(set_prefix=False)
+
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+
+from acp_channels.handler import AcpASGIHandler
 from acp_channels.routing import build_asgi_application
 
-application = build_asgi_application()
+application = build_asgi_application(http_application=ASGIStaticFilesHandler(AcpASGIHandler()))
