@@ -119,13 +119,15 @@ export class AcpClient extends EventTarget {
    */
   async connect() {
     if (this.state !== "idle") throw new AcpError("connect() may be called once per client");
-    this.#setState("connecting");
+    const saved = this.#loadSaved();
+    // Picking up the connection from before a reload is a reconnect, and shown as one.
+    this.#setState(saved ? "reconnecting" : "connecting");
     try {
-      const saved = this.#loadSaved();
       if (saved && (await this.#tryResume(saved))) {
         this.resumed = true;
       } else {
         this.#forget();
+        if (saved) this.#setState("connecting");
         await this.#openFresh();
       }
       this.#setState("connected");
@@ -341,13 +343,7 @@ export class AcpClient extends EventTarget {
         cache: "no-store",
       });
       const text = (await response.text()).trim();
-      if (response.status === 401) {
-        return new AcpError(`the server refused the credentials (401${text ? `: ${text}` : ""}): ${this.token ? "check the token" : "give a token or log in"}`, { kind: "auth", status: 401 });
-      }
-      if (response.status === 403) {
-        const origin = /origin|cross-site/.test(text);
-        return new AcpError(origin ? `the server refused this page's origin (${globalThis.location?.origin}): ${text}` : `the server refused access (403): ${text || "forbidden"}`, { kind: origin ? "origin" : "auth", status: 403 });
-      }
+      if (response.status === 401 || response.status === 403) return refusal(response.status, text, Boolean(this.token));
       return null;
     } catch {
       try {
@@ -471,7 +467,7 @@ export class AcpClient extends EventTarget {
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ jsonrpc: "2.0", id, method: "initialize", params: this.#initializeParams() }),
     });
-    if (response.status !== 200) throw await httpError(response, "initialize");
+    if (response.status !== 200) throw await httpError(response, "initialize", Boolean(this.token));
     const reply = await response.json();
     const message = Array.isArray(reply) ? reply.find((entry) => String(entry.id) === String(id)) : reply;
     if (message?.error) throw new AcpError(`initialize failed: ${message.error.message}`, { kind: "rpc", code: message.error.code });
@@ -877,16 +873,28 @@ export class AcpClient extends EventTarget {
   }
 }
 
-/** @param {Response} response @param {string} what */
-async function httpError(response, what) {
+/** @param {Response} response @param {string} what @param {boolean} [withToken] */
+async function httpError(response, what, withToken = false) {
   let text = "";
   try {
     text = (await response.text()).trim();
   } catch {
     // no body
   }
-  const kind = response.status === 401 || response.status === 403 ? (/origin|cross-site/.test(text) ? "origin" : "auth") : "http";
-  return new AcpError(`${what}: HTTP ${response.status}${text ? ` ${text}` : ""}`, { kind, status: response.status });
+  if (response.status === 401 || response.status === 403) return refusal(response.status, text, withToken);
+  return new AcpError(`${what}: HTTP ${response.status}${text ? ` ${text}` : ""}`, { kind: "http", status: response.status });
+}
+
+/** A 401 or 403 in words: refused credentials, or a refused origin. @param {number} status @param {string} text @param {boolean} withToken */
+function refusal(status, text, withToken) {
+  if (status === 403 && /origin|cross-site/.test(text)) {
+    return new AcpError(`the server refused this page's origin (${globalThis.location?.origin}): ${text}`, { kind: "origin", status });
+  }
+  if (status === 401) {
+    const advice = withToken ? "check the token" : "give a token, or log in to the site";
+    return new AcpError(`the server refused the credentials (401${text ? `: ${text}` : ""}): ${advice}`, { kind: "auth", status });
+  }
+  return new AcpError(`the server refused access (403${text ? `: ${text}` : ""})`, { kind: "auth", status });
 }
 
 /** @param {unknown} error @returns {AcpError} */
