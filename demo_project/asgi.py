@@ -8,11 +8,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
 
 import django
 
+# Before the imports below: they need the apps loaded (as django.core.asgi.get_asgi_application).
 django.setup(set_prefix=False)
 
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from acp_channels.handler import AcpASGIHandler
-from acp_channels.routing import build_asgi_application
+from acp_channels.handler import AcpASGIHandler  # noqa: E402
+from acp_channels.routing import build_asgi_application  # noqa: E402
 
 application = build_asgi_application(http_application=ASGIStaticFilesHandler(AcpASGIHandler()))

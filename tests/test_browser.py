@@ -12,19 +12,22 @@ start a browser the tests fail: they are never skipped.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shutil
 import struct
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Locator, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, Playwright, Request, expect, sync_playwright
 
+from tests.cut_proxy import ThreadedCutProxy, streams
 from tests.live import ROOT, DaphneServer
 
 pytestmark = pytest.mark.browser
@@ -100,8 +103,33 @@ def cors_server(page_server: DaphneServer) -> Iterator[DaphneServer]:
     yield from serve({"ACP_CORS_ALLOWED_ORIGINS": origin(page_server)})
 
 
-def origin(server: DaphneServer) -> str:
-    return f"http://127.0.0.1:{server.port}"
+@dataclass
+class LoginSite:
+    """tests/auth_site.py: the demo with Django users, logged in by session cookie."""
+
+    server: DaphneServer
+    cookies: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def login_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoginSite]:
+    database = tmp_path_factory.mktemp("browser-login") / "db.sqlite3"
+    env = {"DJANGO_SETTINGS_MODULE": "tests.auth_site", "ACP_TEST_DATABASE": str(database)}
+    prepared = subprocess.run(
+        [sys.executable, "-m", "tests.auth_site"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    for server in serve(env):
+        yield LoginSite(server, json.loads(prepared.stdout))
+
+
+def origin(server: DaphneServer | int) -> str:
+    return f"http://127.0.0.1:{server if isinstance(server, int) else server.port}"
 
 
 @pytest.fixture
@@ -132,7 +160,7 @@ class Demo:
 
     page: Page
 
-    def open(self, server: DaphneServer, acp: DaphneServer | None = None, transport: str = "websocket") -> Demo:
+    def open(self, server: DaphneServer | int, acp: DaphneServer | None = None, transport: str = "websocket") -> Demo:
         query = f"?transport={transport}" + (f"&server={acp.url}" if acp is not None else "")
         self.page.goto(f"{origin(server)}/{query}")
         return self
@@ -204,7 +232,10 @@ def test_page_is_served_with_a_strict_content_security_policy(server: DaphneServ
 def test_connects_and_renders_markdown_safely(demo: Demo, server: DaphneServer, transport: str) -> None:
     connected(demo, server, transport)
     pane = demo.new_session()
-    demo.prompt(pane, "echo **bold** _it_ `code` <img src=x onerror=alert(1)> [bad](javascript:alert(1)) [ok](https://example.com/x)")
+    demo.prompt(
+        pane,
+        "echo **bold** _it_ `code` <img src=x onerror=alert(1)> [bad](javascript:alert(1)) [ok](https://example.com/x)",
+    )
     demo.expect_turn(pane, "end_turn")
     answer = pane.locator(".message.agent")
     expect(answer.locator("strong")).to_have_text("bold")
@@ -277,10 +308,34 @@ def test_tool_calls_and_plans_show_their_status_and_content(demo: Demo, server: 
     expect(steps.first).to_have_text("Read the request (completed)")
 
 
+class SessionStreams:
+    """The session streams (SSE GETs with Acp-Session-Id) a page opens, as the browser reports
+    its requests: which sessions got one, and the most open at once."""
+
+    def __init__(self, page: Page) -> None:
+        self.open: set[Request] = set()
+        self.sessions: set[str | None] = set()
+        self.most_open = 0
+        page.on("request", self._started)
+        page.on("requestfinished", self._ended)
+        page.on("requestfailed", self._ended)  # an aborted stream (it gave its place up)
+
+    def _started(self, request: Request) -> None:
+        headers = request.headers
+        if request.method == "GET" and "acp-session-id" in headers and "text/event-stream" in headers.get("accept", ""):
+            self.open.add(request)
+            self.sessions.add(headers["acp-session-id"])
+            self.most_open = max(self.most_open, len(self.open))
+
+    def _ended(self, request: Request) -> None:
+        self.open.discard(request)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_eight_sessions_at_once(demo: Demo, server: DaphneServer, transport: str) -> None:
     """Eight turns running together, each waiting for its permission, then each streaming its
     answer: over HTTP/1.1 the module holds at most four session streams and rotates them."""
+    streams = SessionStreams(demo.page)
     connected(demo, server, transport)
     panes = [demo.new_session() for _ in range(8)]
     for pane in panes:
@@ -297,7 +352,14 @@ def test_eight_sessions_at_once(demo: Demo, server: DaphneServer, transport: str
     for index, pane in enumerate(panes):
         demo.expect_turn(pane, "end_turn")
         expect(pane.locator(".message.agent").last).to_have_text(f"session {index}")
-    assert len({pane.get_attribute("data-session-id") for pane in panes}) == 8
+    session_ids = {pane.get_attribute("data-session-id") for pane in panes}
+    assert len(session_ids) == 8
+    if transport == "http":
+        # Every session had a stream, four at once (the browser reports an aborted stream's end
+        # a moment after the stream that took its place started: five may overlap in its view).
+        assert streams.sessions == session_ids and 4 <= streams.most_open <= 5
+    else:
+        assert streams.sessions == set() and streams.most_open == 0
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -345,6 +407,50 @@ def test_a_token_is_needed_and_accepted(demo: Demo, token_server: DaphneServer, 
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_logged_in_user_needs_no_token(page: Page, login_site: LoginSite, transport: str) -> None:
+    """The site's session cookie goes along (same origin: fetch's credentials and the upgrade);
+    a user without the required permission gets a plain 403."""
+    demo = Demo(page)
+    for name in ("carol", "alice"):  # carol lacks REQUIRED_PERMISSION
+        page.context.add_cookies(
+            [{"name": "sessionid", "value": login_site.cookies[name], "url": origin(login_site.server)}]
+        )
+        demo.open(login_site.server, transport=transport).connect()
+        if name == "carol":
+            expect(page.locator("#error")).to_contain_text("the server refused access (403")
+            expect(page.locator("#state")).to_have_attribute("data-state", "closed")
+    demo.expect_connected(transport)
+    pane = demo.new_session()
+    demo.prompt(pane, "whoami")
+    demo.expect_turn(pane, "end_turn")
+    expect(pane.locator(".message.agent")).to_contain_text("principal=user:alice ")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_dropped_connection_resumes_and_shows_reconnecting(demo: Demo, server: DaphneServer, transport: str) -> None:
+    """The network drops every stream (or the socket) in the middle of a turn: the page shows
+    "reconnecting", resumes, and the turn's end still arrives."""
+    with (cutter := ThreadedCutProxy(server.port)) as proxy:
+        demo.open(proxy.port, transport=transport).connect()
+        demo.expect_connected(transport)
+        pane = demo.new_session()
+        demo.prompt(pane, "wait_for_cancel")
+        expect(pane.locator(".turn")).to_have_attribute("data-turn", "running")
+        # Over HTTP the connection stream and the session's; over WebSocket the socket.
+        cutter.wait_for(lambda: len(proxy.live(streams)) == (2 if transport == "http" else 1))
+        assert cutter.cut(streams) == (2 if transport == "http" else 1)
+        demo.page.wait_for_function("window.__states.includes('reconnecting')")
+        expect(demo.page.locator("#state")).to_have_attribute("data-state", "connected")
+        shown = [state for state, _ in itertools.groupby(demo.states())]
+        assert shown[-2:] == ["reconnecting", "connected"]
+        pane.get_by_role("button", name="Cancel").click()
+        demo.expect_turn(pane, "cancelled")
+        demo.prompt(pane, "echo after the drop")
+        demo.expect_turn(pane, "end_turn")
+        expect(pane.locator(".message.agent").last).to_have_text("after the drop")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_another_origin_that_is_allowed_connects(
     demo: Demo, page_server: DaphneServer, cors_server: DaphneServer, transport: str
 ) -> None:
@@ -377,7 +483,7 @@ MARKDOWN_CASES = {
     "# Title\nplain": "<h3>Title</h3><p>plain</p>",
     "a\nb\n\nc": "<p>a<br>b</p><p>c</p>",
     "- one\n- **two**\n\n1. first": "<ul><li>one</li><li><strong>two</strong></li></ul><ol><li>first</li></ol>",
-    "```py\nx = '<b>'\n```": '<pre><code data-language="py">x = \'&lt;b&gt;\'</code></pre>',
+    "```py\nx = '<b>'\n```": "<pre><code data-language=\"py\">x = '&lt;b&gt;'</code></pre>",
     "snake_case_name and _em_": "<p>snake_case_name and <em>em</em></p>",
     "<script>alert(1)</script>": "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>",
     "[x](data:text/html,hi) [y](/relative)": "<p>[x](data:text/html,hi) [y](/relative)</p>",
@@ -426,7 +532,10 @@ def test_screenshots_for_the_readme(
         demo = Demo(context.new_page())
         connected(demo, server, "websocket")
         first = demo.new_session()
-        demo.prompt(first, "echo Here is **Markdown**: `inline code`, a list\n- one\n- two\nand a [link](https://agentclientprotocol.com).")
+        demo.prompt(
+            first,
+            "echo Here is **Markdown**: `inline code`, a list\n- one\n- two\nand a [link](https://agentclientprotocol.com).",
+        )
         demo.expect_turn(first, "end_turn")
         demo.prompt(first, "tool_calls")
         demo.expect_turn(first, "end_turn")

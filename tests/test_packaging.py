@@ -1,7 +1,8 @@
 """The package as a user gets it: `python -m build` makes a wheel and an sdist that `twine check`
 passes, setuptools says nothing about the license, the wheel holds only `acp_channels` (typed,
-with its license and the browser module acp-client.js), and the README's install line installs it into a fresh virtual environment
-(no system site packages) where it imports and its commands run."""
+with its license and the browser module acp-client.js), and the README's install line installs
+it into a fresh virtual environment (no system site packages) where it imports and its commands
+run."""
 
 from __future__ import annotations
 
