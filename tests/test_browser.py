@@ -476,6 +476,25 @@ def test_another_origin_that_is_not_allowed_gets_a_clear_error(
     expect(demo.page.locator("#new-session")).to_be_disabled()
 
 
+# ---------------------------------------------------------------- the module's JSDoc types
+
+TSC = ROOT / "tests" / "interop" / "js" / "node_modules" / ".bin" / "tsc"
+MODULE = ROOT / "acp_channels" / "static" / "acp_channels" / "acp-client.js"
+
+
+def test_the_module_type_checks_under_strict_typescript() -> None:
+    """Its JSDoc types are the API's documentation: TypeScript (tests/interop/js, pinned there)
+    checks the module as a strict TypeScript project would, with the browser's DOM types."""
+    if not TSC.exists():
+        pytest.fail("needs `npm ci` in tests/interop/js (./dev.sh test does it)")
+    options = ["--allowJs", "--checkJs", "--noEmit", "--strict", "--skipLibCheck"]
+    target = ["--target", "es2022", "--module", "esnext", "--lib", "es2022,dom,dom.iterable"]
+    result = subprocess.run(
+        [str(TSC), *options, *target, str(MODULE)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 # ---------------------------------------------------------------- the Markdown renderer
 
 

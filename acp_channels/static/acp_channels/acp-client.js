@@ -24,6 +24,8 @@ export const DEFAULT_MAX_SESSION_STREAMS = 4;
  * @typedef {"origin" | "auth" | "unreachable" | "http" | "rpc" | "closed" | "lost"} ErrorKind
  * @typedef {{ jsonrpc: "2.0", id?: number | string | null, method?: string, params?: any,
  *             result?: any, error?: { code: number, message: string, data?: any } }} Message
+ * @typedef {{ key: string, controller: AbortController, openedAt: number, lastActivity: number,
+ *             opened: Promise<void> }} StreamState one SSE stream ("" is the connection stream)
  * @typedef {object} AcpClientOptions
  * @property {string} [url] the endpoint, absolute or relative to the page (default "/acp")
  * @property {Transport} [transport] "websocket" (default) or "http" (HTTP+SSE over fetch)
@@ -142,7 +144,7 @@ export class AcpClient extends EventTarget {
    * Send a request and resolve with its result (reject with an `AcpError` of kind "rpc" for an
    * error reply). `sessionId` defaults to `params.sessionId`.
    * @param {string} method
-   * @param {object} [params]
+   * @param {Record<string, any>} [params]
    * @returns {Promise<any>}
    */
   request(method, params = {}) {
@@ -160,7 +162,7 @@ export class AcpClient extends EventTarget {
   /**
    * Send a notification (no reply).
    * @param {string} method
-   * @param {object} [params]
+   * @param {Record<string, any>} [params]
    */
   notify(method, params = {}) {
     const sessionId = typeof params?.sessionId === "string" ? params.sessionId : null;
@@ -307,6 +309,7 @@ export class AcpClient extends EventTarget {
     return this.transport === "http" ? this.#post(message, sessionId, how) : this.#socketSend(message);
   }
 
+  /** @returns {Record<string, string>} */
   #authHeaders() {
     return this.token ? { Authorization: `Bearer ${this.token}` } : {};
   }
@@ -320,7 +323,7 @@ export class AcpClient extends EventTarget {
         cache: "no-store",
         headers: { ...this.#authHeaders(), ...init.headers },
       });
-    } catch (error) {
+    } catch (/** @type {any} */ error) {
       if (error?.name === "AbortError") throw error;
       throw (await this.diagnose()) ?? new AcpError(`the request to ${this.url} failed: ${error?.message ?? error}`, { kind: "unreachable" });
     }
@@ -449,7 +452,7 @@ export class AcpClient extends EventTarget {
 
   /** @type {Map<string, string>} the last event id seen per stream ("" is the connection stream) */
   #lastEventIds = new Map();
-  /** @type {Map<string, { key: string, controller: AbortController, openedAt: number, lastActivity: number, opened: Promise<void> }>} */
+  /** @type {Map<string, StreamState>} */
   #streams = new Map();
   /** @type {Map<string, number>} session id -> requests waiting for a reply on its stream */
   #wants = new Map();
@@ -498,7 +501,8 @@ export class AcpClient extends EventTarget {
   #detectMultiplexing() {
     if (this.#explicitMaxStreams || typeof performance === "undefined") return;
     const entries = performance.getEntriesByName?.(this.url) ?? [];
-    const protocol = entries.length ? entries[entries.length - 1].nextHopProtocol : "";
+    const last = /** @type {PerformanceResourceTiming | undefined} */ (entries[entries.length - 1]);
+    const protocol = last?.nextHopProtocol ?? "";
     if (protocol === "h2" || protocol === "h3") this.maxSessionStreams = Infinity;
   }
 
@@ -547,27 +551,29 @@ export class AcpClient extends EventTarget {
   #schedule() {
     if (this.#closing || this.state === "closed" || this.transport !== "http" || !this.connectionId) return;
     clearTimeout(this.#rotationTimer);
-    const sessionStreams = () => [...this.#streams.keys()].filter((key) => key !== "");
+    /** @returns {StreamState[]} */
+    const sessionStreams = () => [...this.#streams.values()].filter((stream) => stream.key !== "");
     const waiting = this.#queue.filter((id) => !this.#streams.has(id));
     for (const sessionId of waiting) {
-      let open = sessionStreams();
+      const open = sessionStreams();
       if (open.length >= this.maxSessionStreams) {
-        const idle = open.filter((key) => !this.#wants.has(key));
+        const idle = open.filter((stream) => !this.#wants.has(stream.key));
         if (idle.length === 0) break;
-        this.#stopStream(idle.reduce((a, b) => (this.#streams.get(a).lastActivity <= this.#streams.get(b).lastActivity ? a : b)));
-        open = sessionStreams();
+        this.#stopStream(idle.reduce((a, b) => (a.lastActivity <= b.lastActivity ? a : b)).key);
       }
       this.#startStream(sessionId).catch((error) => this.#streamFailed(sessionId, error));
     }
-    if (this.#queue.some((id) => !this.#streams.has(id))) {
+    const holders = sessionStreams();
+    if (holders.length && this.#queue.some((id) => !this.#streams.has(id))) {
       // More sessions wait than there are places: the stream open longest gives way next.
-      const holders = sessionStreams().map((key) => this.#streams.get(key));
       const oldest = holders.reduce((a, b) => (a.openedAt <= b.openedAt ? a : b));
       const due = Math.max(0, oldest.openedAt + this.sliceMs - Date.now());
       this.#rotationTimer = setTimeout(() => {
-        if (this.#streams.get(oldest.key) !== oldest) return this.#schedule();
-        this.#stopStream(oldest.key);
-        this.#queue = [...this.#queue.filter((id) => id !== oldest.key), ...(this.#wants.has(oldest.key) ? [oldest.key] : [])];
+        if (this.#streams.get(oldest.key) === oldest) {
+          this.#stopStream(oldest.key);
+          const others = this.#queue.filter((id) => id !== oldest.key);
+          this.#queue = this.#wants.has(oldest.key) ? [...others, oldest.key] : others;
+        }
         this.#schedule();
       }, due);
     }
@@ -608,6 +614,7 @@ export class AcpClient extends EventTarget {
     const controller = new AbortController();
     /** @type {(value?: void) => void} */ let opened = () => {};
     /** @type {(error: Error) => void} */ let refused = () => {};
+    /** @type {StreamState} */
     const stream = {
       key,
       controller,
@@ -621,7 +628,7 @@ export class AcpClient extends EventTarget {
   }
 
   /**
-   * @param {{ key: string, controller: AbortController, openedAt: number, lastActivity: number }} stream
+   * @param {StreamState} stream
    * @param {() => void} opened @param {(error: Error) => void} refused
    */
   async #readStream(stream, opened, refused) {
@@ -691,7 +698,7 @@ export class AcpClient extends EventTarget {
   /**
    * Read SSE events off a fetch body until it ends: `id:` lines are remembered (to resume),
    * `data:` lines make the event, comments (keep-alives) are skipped.
-   * @param {{ key: string, lastActivity: number }} stream @param {Response} response
+   * @param {StreamState} stream @param {Response} response
    */
   async #readEvents(stream, response) {
     if (!response.body) return;
@@ -764,7 +771,7 @@ export class AcpClient extends EventTarget {
       let socket;
       try {
         socket = new WebSocket(this.#socketUrl(query), protocols);
-      } catch (error) {
+      } catch (/** @type {any} */ error) {
         reject(new AcpError(`cannot open a WebSocket: ${error?.message ?? error}`, { kind: "http" }));
         return;
       }
