@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -160,8 +161,9 @@ class Demo:
 
     page: Page
 
-    def open(self, server: DaphneServer | int, acp: DaphneServer | None = None, transport: str = "websocket") -> Demo:
-        query = f"?transport={transport}" + (f"&server={acp.url}" if acp is not None else "")
+    def open(self, server: DaphneServer | int, acp_url: str | None = None, transport: str = "websocket") -> Demo:
+        """The page from `server`, talking to `acp_url` (default: the page's own server)."""
+        query = f"?transport={transport}" + (f"&server={acp_url}" if acp_url is not None else "")
         self.page.goto(f"{origin(server)}/{query}")
         return self
 
@@ -454,7 +456,7 @@ def test_a_dropped_connection_resumes_and_shows_reconnecting(demo: Demo, server:
 def test_another_origin_that_is_allowed_connects(
     demo: Demo, page_server: DaphneServer, cors_server: DaphneServer, transport: str
 ) -> None:
-    demo.open(page_server, cors_server, transport).connect()
+    demo.open(page_server, cors_server.url, transport).connect()
     demo.expect_connected(transport)
     assert demo.page.evaluate("location.origin") != origin(cors_server)
     pane = demo.new_session()
@@ -468,12 +470,22 @@ def test_another_origin_that_is_allowed_connects(
 def test_another_origin_that_is_not_allowed_gets_a_clear_error(
     demo: Demo, page_server: DaphneServer, server: DaphneServer, transport: str
 ) -> None:
-    demo.open(page_server, server, transport).connect()
+    demo.open(page_server, server.url, transport).connect()
     error = demo.page.locator("#error")
     expect(error).to_contain_text(f"the server at {origin(server)} refused this page's origin ({origin(page_server)})")
     expect(error).to_contain_text("CORS_ALLOWED_ORIGINS")
     expect(demo.page.locator("#state")).to_have_attribute("data-state", "closed")
     expect(demo.page.locator("#new-session")).to_be_disabled()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_server_that_is_not_there_is_said_so(demo: Demo, page_server: DaphneServer, transport: str) -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on once it is closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    demo.open(page_server, f"{origin(port)}/acp", transport).connect()
+    expect(demo.page.locator("#error-text")).to_have_text(f"cannot reach the server at {origin(port)}")
+    expect(demo.page.locator("#state")).to_have_attribute("data-state", "closed")
 
 
 # ---------------------------------------------------------------- the module's JSDoc types
