@@ -392,6 +392,42 @@ def test_a_reload_resumes_the_connection_and_loads_a_session(demo: Demo, server:
     expect(loaded.locator(".message.agent").last).to_have_text("after the reload")
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_reload_after_the_connection_is_gone_starts_a_new_one(
+    demo: Demo, server: DaphneServer, transport: str
+) -> None:
+    connected(demo, server, transport)
+    # What the tab remembers now names a connection the server does not have (as after a restart).
+    demo.page.evaluate(
+        """() => {
+          for (const key of Object.keys(sessionStorage).filter((key) => key.startsWith("acp-client "))) {
+            const saved = JSON.parse(sessionStorage.getItem(key));
+            sessionStorage.setItem(key, JSON.stringify({ ...saved, connectionId: "gone." + saved.connectionId }));
+          }
+        }"""
+    )
+    demo.page.reload()
+    demo.expect_connected(transport)
+    expect(demo.page.locator("#state")).not_to_contain_text("resumed")
+    shown = [state for state, _ in itertools.groupby(demo.states()) if state != "idle"]
+    assert shown == ["reconnecting", "connecting", "connected"]
+    expect(demo.page.locator("#error")).to_be_hidden()
+    pane = demo.new_session()
+    demo.prompt(pane, "echo a new connection")
+    demo.expect_turn(pane, "end_turn")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_agent_error_is_shown_in_its_session(demo: Demo, server: DaphneServer, transport: str) -> None:
+    connected(demo, server, transport)
+    pane = demo.new_session()
+    demo.prompt(pane, "fail")
+    expect(pane.locator(".turn")).to_have_attribute("data-turn", "error")
+    expect(pane.locator(".note.bad")).to_have_text("the prompt failed: demo failure")
+    demo.prompt(pane, "echo fine again")
+    demo.expect_turn(pane, "end_turn")
+
+
 # ---------------------------------------------------------------- credentials and origins
 
 

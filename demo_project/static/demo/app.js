@@ -136,8 +136,10 @@ async function connect() {
 /** @param {AcpClient} from @param {{ id: number | string, method: string, params: any, sessionId: string | null }} request */
 function onAgentRequest(from, request) {
   const pane = request.sessionId ? panes.get(request.sessionId) : null;
-  if (request.method === "session/request_permission" && pane) {
-    pane.permission(request);
+  if (request.method === "session/request_permission") {
+    // No pane for its session (a request from before a reload): nobody can answer, so "cancelled".
+    if (pane) pane.permission(request);
+    else from.respond(request.id, { outcome: { outcome: "cancelled" } }).catch(() => undefined);
     return;
   }
   // The page advertises no fs and no terminal: anything else is not supported here.
