@@ -418,6 +418,24 @@ def test_a_reload_after_the_connection_is_gone_starts_a_new_one(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_connection_the_server_ends_is_shown_closed(demo: Demo, server: DaphneServer, transport: str) -> None:
+    connected(demo, server, transport)
+    pane = demo.new_session()
+    demo.prompt(pane, "wait_for_cancel")
+    expect(pane.locator(".turn")).to_have_attribute("data-turn", "running")
+    connection_id = demo.page.evaluate(
+        """() => JSON.parse(sessionStorage.getItem(Object.keys(sessionStorage).find((key) =>
+             key.startsWith("acp-client ")))).connectionId"""
+    )
+    # Someone else ends it (an operator, the idle reaper): DELETE with its id.
+    assert httpx.delete(server.url, headers={"Acp-Connection-Id": connection_id}).status_code == 202
+    expect(demo.page.locator("#state")).to_have_attribute("data-state", "closed")
+    expect(demo.page.locator("#error-text")).to_have_text("the server ended the connection")
+    expect(pane.locator(".note.bad")).to_have_text("the prompt failed: the server ended the connection")
+    expect(pane.locator("textarea")).to_be_disabled()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_an_agent_error_is_shown_in_its_session(demo: Demo, server: DaphneServer, transport: str) -> None:
     connected(demo, server, transport)
     pane = demo.new_session()

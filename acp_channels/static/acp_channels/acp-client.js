@@ -671,7 +671,7 @@ export class AcpClient extends EventTarget {
             return;
           } else {
             // 404: the connection ended; 401/403: the credentials no longer pass
-            this.#end(response.status === 404 ? new AcpError("the connection ended", { kind: "closed", status: 404 }) : error);
+            this.#end(response.status === 404 ? new AcpError("the server ended the connection", { kind: "closed", status: 404 }) : error);
             return;
           }
         }
@@ -820,6 +820,7 @@ export class AcpClient extends EventTarget {
       return;
     }
     let delay = 100;
+    let refused = 0;
     while (!this.#closing && this.#outage("socket")) {
       try {
         const socket = await this.#openSocket(this.#reattachQuery());
@@ -829,8 +830,9 @@ export class AcpClient extends EventTarget {
       } catch (error) {
         const failure = asAcpError(error);
         if (failure.kind === "auth" || failure.kind === "origin") return this.#end(failure);
-        if (failure.kind !== "unreachable") {
-          // The server answers, yet refuses the reattach: the connection is gone (404) or lost (409).
+        // The server answers, yet refuses the reattach. A page cannot see why: the connection is
+        // gone (404) or lost (409), or a worker is shutting down (503, try again): a few tries.
+        if (failure.kind !== "unreachable" && ++refused >= 3) {
           this.#forget();
           return this.#end(new AcpError("the connection could not be resumed (the server no longer has it)", { kind: "closed" }));
         }
