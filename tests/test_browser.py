@@ -46,7 +46,8 @@ expect.set_options(timeout=TIMEOUT_MS)
 
 
 def chromium_executable() -> str:
-    """Debian's chromium; installed with apt-get when missing (CI starts from a bare image)."""
+    """Debian's chromium. `./dev.sh test` installs it when missing; run on their own, the tests do
+    the same (as root, with apt-get), so they start on a bare machine too."""
     path = shutil.which("chromium")
     if path is None and shutil.which("apt-get") and os.geteuid() == 0:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
