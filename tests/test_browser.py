@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Locator, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, Playwright, Request, expect, sync_playwright
 
 from tests.cut_proxy import ThreadedCutProxy, streams
 from tests.live import ROOT, DaphneServer
@@ -452,6 +452,11 @@ def test_an_agent_error_is_shown_in_its_session(demo: Demo, server: DaphneServer
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_token_is_needed_and_accepted(demo: Demo, token_server: DaphneServer, transport: str) -> None:
+    """Over HTTP the token is an Authorization header, over WebSocket a subprotocol; never in a URL."""
+    requests: list[Request] = []
+    sockets: list[str] = []
+    demo.page.on("request", lambda request: requests.append(request))
+    demo.page.on("websocket", lambda socket: sockets.append(socket.url))
     demo.open(token_server, transport=transport).connect()
     expect(demo.page.locator("#error")).to_contain_text("refused the credentials (401")
     expect(demo.page.locator("#state")).to_have_attribute("data-state", "closed")
@@ -463,6 +468,14 @@ def test_a_token_is_needed_and_accepted(demo: Demo, token_server: DaphneServer, 
     demo.expect_turn(pane, "end_turn")
     expect(pane.locator(".message.agent")).to_contain_text("principal=token:team ")
     expect(pane.locator(".message.agent")).to_contain_text(f" transport={transport} ")
+    acp = [request for request in requests if request.url == token_server.url]
+    assert not any(TOKEN in url for url in [*(request.url for request in requests), *sockets])
+    if transport == "http":
+        assert acp and all(request.headers.get("authorization") == f"Bearer {TOKEN}" for request in acp[-3:])
+    else:
+        # Refused without the token, then accepted with it: a page can set no header on a
+        # WebSocket and the URL has no token, so the principal came in the subprotocol.
+        assert sockets == [token_server.ws_url, token_server.ws_url]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
