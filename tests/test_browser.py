@@ -623,7 +623,9 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(
-    ("name", "viewport"), [("desktop", {"width": 1280, "height": 800}), ("phone", {"width": 390, "height": 844})]
+    ("name", "viewport"),
+    [("desktop", {"width": 1280, "height": 800}), ("phone", {"width": 390, "height": 844})],
+    ids=["desktop", "phone"],
 )
 def test_screenshots_for_the_readme(
     browser: Browser, server: DaphneServer, tmp_path: Path, name: str, viewport: dict[str, int]
