@@ -531,15 +531,19 @@ def resume_capabilities() -> dict[str, Any]:
     }
 
 
-def advertise_resume(reply: protocol.Message) -> None:
+def advertise_resume(reply: protocol.Message, connection_id: str | None = None) -> None:
     """Add what the server supports for resuming streams to an initialize result's `_meta`
-    (next to what the agent put there)."""
+    (next to what the agent put there). A WebSocket's reply also names its connection: a browser
+    cannot read the 101's `Acp-Connection-Id`, and needs the id to reattach."""
     result = reply.get("result")
     if isinstance(result, dict):
         meta = result.get("_meta")
         if not isinstance(meta, dict):
             meta = result["_meta"] = {}
-        meta[RESUME_META_KEY] = resume_capabilities()
+        capabilities = resume_capabilities()
+        if connection_id is not None:
+            capabilities["connectionId"] = connection_id
+        meta[RESUME_META_KEY] = capabilities
 
 
 @dataclass(frozen=True, slots=True)
@@ -975,7 +979,7 @@ class ConnectionHost:
             if key in self._socket_initializing:
                 self._socket_initializing.discard(key)
                 if not protocol.is_error_response(message):
-                    advertise_resume(message)
+                    advertise_resume(message, self.connection_id)
                     advertised = True
             count = self._socket_requests.get(key, 0)
             if count:
