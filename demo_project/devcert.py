@@ -57,9 +57,7 @@ def write_certificate(directory: Path, days: int = 7) -> DevCertificate:
     paths.cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     paths.key.touch(mode=0o600)
     paths.key.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     return paths
 
