@@ -51,6 +51,8 @@ class RawH2:
         self.streams: dict[int, H2Stream] = {}
         self.reading = asyncio.Event()
         self.reading.set()
+        #: The server's first SETTINGS arrived (then `self.h2.remote_settings` holds them).
+        self.settings_received = asyncio.Event()
         self.closed = asyncio.Event()
         self._task = asyncio.create_task(self._read())
 
@@ -173,6 +175,8 @@ class RawH2:
                 stream.response.set()
 
     def _handle(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RemoteSettingsChanged):
+            self.settings_received.set()
         stream = self.streams.get(getattr(event, "stream_id", 0) or 0)
         if isinstance(event, h2.events.ResponseReceived) and stream is not None:
             stream.headers = {str(name): str(value) for name, value in event.headers}

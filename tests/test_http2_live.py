@@ -12,8 +12,10 @@ control and backpressure) is in tests/test_http2_parity_live.py.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import ssl
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +26,10 @@ import httpx
 import pytest
 from acp.http import create_http_stream
 from acp.interfaces import Client
+from h2.settings import SettingCodes
 
 from acp_channels.client import HttpClient
+from tests.h2raw import H2Stream, RawH2
 from tests.live import DaphneServer, HypercornServer, UvicornServer, tls_certificate
 from tests.test_client_servers import RecordingClient
 
@@ -216,6 +220,58 @@ async def test_hypercorn_serves_the_app_unchanged_over_h2_and_cleartext_h2c(
         assert h2c.http_version == "HTTP/2"
     finally:
         await prior_knowledge.aclose()
+
+
+# -- WebSocket: over HTTP/1.1 on daphne, over HTTP/2 (RFC 8441) on hypercorn -----------------
+
+
+async def test_websocket_over_tls_on_daphne_runs_on_http11(daphne_tls: DaphneServer, tmp_path: Path) -> None:
+    """daphne does not offer WebSocket over HTTP/2 (its SETTINGS say ENABLE_CONNECT_PROTOCOL 0),
+    so a wss:// client upgrades an HTTP/1.1 connection (ALPN http/1.1) on the same port."""
+    raw = await RawH2.open(daphne_tls.port, str(tls_certificate().cert))
+    try:
+        await step(raw.settings_received.wait())
+        assert raw.h2.remote_settings.get(SettingCodes.ENABLE_CONNECT_PROTOCOL, 0) == 0
+    finally:
+        await raw.close()
+    client = HttpClient(daphne_tls.ws_url, token=TOKEN, verify=str(tls_certificate().cert), timeout=10)
+    await whole_session(client, tmp_path)
+    assert daphne_tls.errors() == []
+
+
+def websocket_text_frame(text: str) -> bytes:
+    payload = text.encode()
+    mask = os.urandom(4)
+    size = len(payload)
+    head = struct.pack("!BB", 0x81, 0x80 | size) if size < 126 else struct.pack("!BBH", 0x81, 0x80 | 126, size)
+    return head + mask + bytes(byte ^ mask[index % 4] for index, byte in enumerate(payload))
+
+
+async def test_hypercorn_serves_websocket_over_h2_rfc8441(hypercorn_tls: HypercornServer) -> None:
+    """Hypercorn advertises extended CONNECT; our consumer serves the WebSocket unchanged on an
+    HTTP/2 stream: the 200 names the connection, and initialize is answered in a text frame."""
+    raw = await RawH2.open(hypercorn_tls.port, str(tls_certificate().cert))
+    try:
+        await step(raw.settings_received.wait())
+        assert raw.h2.remote_settings.get(SettingCodes.ENABLE_CONNECT_PROTOCOL, 0) == 1
+        stream_id = raw.h2.get_next_available_stream_id()
+        stream = raw.streams[stream_id] = H2Stream(stream_id)
+        raw.h2.send_headers(
+            stream_id,
+            [
+                (":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "https"), (":path", "/acp"),
+                (":authority", f"127.0.0.1:{hypercorn_tls.port}"), ("sec-websocket-version", "13"),
+            ],
+        )  # fmt: skip
+        await raw.flush()
+        await raw.wait(stream, "response")
+        assert stream.status == 200 and stream.headers.get("acp-connection-id"), stream.headers
+        raw.h2.send_data(stream_id, websocket_text_frame(INITIALIZE))
+        await raw.flush()
+        await raw.wait_body(stream, b'"protocolVersion":1')
+        assert stream.body[0] == 0x81  # a final text frame
+    finally:
+        await raw.close()
 
 
 INITIALIZE = '{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}'
