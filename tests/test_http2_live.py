@@ -57,7 +57,9 @@ def established_connections(port: int) -> int:
 
 @pytest.fixture(scope="module")
 def daphne_tls() -> Iterator[DaphneServer]:
-    server = DaphneServer(env={"ACP_TOKEN": TOKEN}, tls=tls_certificate()).start()
+    # More session streams than the default 64: past the server's 100 h2 streams per connection.
+    env = {"ACP_TOKEN": TOKEN, "ACP_MAX_SESSION_STREAMS": "128"}
+    server = DaphneServer(env=env, tls=tls_certificate()).start()
     yield server
     server.stop()
 
@@ -156,6 +158,29 @@ async def test_fifty_sessions_stream_over_one_tcp_connection(daphne_tls: DaphneS
         assert len([stream for stream in http._streams.values() if stream.connected]) == 51
         assert transport.http_version == "HTTP/2"
         assert established_connections(daphne_tls.port) == 1
+    finally:
+        await conn.close()
+
+
+async def test_more_streams_than_one_h2_connection_allows_go_on_another(
+    daphne_tls: DaphneServer, tmp_path: Path
+) -> None:
+    """daphne allows 100 streams at once per HTTP/2 connection; 110 sessions (111 streams that
+    stay open) take a second connection instead of waiting forever for a stream to end."""
+    recorder = RecordingClient()
+    transport = HttpClient(daphne_tls.url, token=TOKEN, verify=str(tls_certificate().cert), timeout=20)
+    conn = acp.connect_to_agent(cast(Client, recorder), transport)
+    try:
+        await step(conn.initialize(protocol_version=1))
+        sessions = [await step(conn.new_session(cwd=str(tmp_path), mcp_servers=[])) for _ in range(110)]
+        last = sessions[-1].session_id
+        assert str((await step(conn.prompt(session_id=last, prompt=[acp.text_block("echo last")]))).stop_reason) == (
+            "end_turn"
+        )
+        await step(recorder.settle(1))
+        assert recorder.take() == ["last"]
+        assert 2 <= established_connections(daphne_tls.port) <= 3
+        assert transport.http_version == "HTTP/2"
     finally:
         await conn.close()
 

@@ -10,14 +10,22 @@ session's event sat for up to 15 s (50 session streams: every few calls).
 
 Here a waiter never queues behind a blocked read: it takes its events as soon as they are filed.
 One waiter reads the socket at a time; the others wait for that read to end (each with its own
-read timeout) and look again. The connection class is swapped in when httpcore creates it, so
-nothing else of httpcore changes, and only connections made by this transport are affected. If
-httpcore's internals are not what this expects (another version), its own classes are used.
+read timeout) and look again.
+
+And a connection takes no more requests than the server allows streams at once (its SETTINGS
+MAX_CONCURRENT_STREAMS; 100 on daphne and hypercorn): httpcore would queue the next request on
+that connection until a stream ends, and SSE streams do not end, so the 100th session of a
+connection waited forever. Here such a request goes to another connection of the pool.
+
+The connection class is swapped in when httpcore creates it, so nothing else of httpcore
+changes, and only connections made by this transport are affected. If httpcore's internals are
+not what this expects (another version), its own classes are used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
 import httpcore
@@ -51,6 +59,38 @@ if _compatible():
 
         _acp_reading = False
         _acp_read_done: asyncio.Event | None = None
+        #: Requests holding (or about to hold) one of the connection's streams.
+        _acp_streams = 0
+        _acp_closed_in: weakref.WeakSet[asyncio.Task[Any]] | None = None
+
+        def is_available(self) -> bool:
+            return bool(super().is_available()) and self._acp_streams < self._acp_stream_limit()
+
+        def _acp_stream_limit(self) -> int:
+            # httpcore's own count: 1 until the server's SETTINGS came, then their value.
+            return int(getattr(self, "_max_streams", 1)) if self._sent_connection_init else 1 << 30
+
+        async def handle_async_request(self, request: Any) -> Any:
+            if self._acp_streams >= self._acp_stream_limit():
+                raise httpcore.ConnectionNotAvailable()  # the pool sends it on another connection
+            self._acp_streams += 1
+            if self._acp_closed_in is None:
+                self._acp_closed_in = weakref.WeakSet()
+            task = asyncio.current_task()
+            try:
+                return await super().handle_async_request(request)
+            except BaseException:
+                if task not in self._acp_closed_in:
+                    self._acp_streams -= 1  # failed before it had a stream to close
+                raise
+            finally:
+                self._acp_closed_in.discard(task)
+
+        async def _response_closed(self, stream_id: int) -> None:
+            self._acp_streams -= 1
+            if self._acp_closed_in is not None and (task := asyncio.current_task()) is not None:
+                self._acp_closed_in.add(task)
+            await super()._response_closed(stream_id)
 
         async def _receive_events(self, request: Any, stream_id: int | None = None) -> None:
             while self._acp_reading:
