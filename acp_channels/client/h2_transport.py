@@ -84,7 +84,8 @@ if _compatible():
                     self._acp_streams -= 1  # failed before it had a stream to close
                 raise
             finally:
-                self._acp_closed_in.discard(task)
+                if task is not None:
+                    self._acp_closed_in.discard(task)
 
         async def _response_closed(self, stream_id: int) -> None:
             self._acp_streams -= 1

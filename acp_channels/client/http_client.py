@@ -134,8 +134,8 @@ class HttpClient:
             `h2` package is installed (`pip install 'acp-channels[http2]'`). http:// URLs always
             use HTTP/1.1 (docs/http2.md).
         verify: how an https:// or wss:// server's certificate is checked: True (default) the
-            system's CAs, a CA file path (a self-signed development certificate), an
-            `ssl.SSLContext`, or False (no check: tests only).
+            usual CAs (httpx's bundle; the system's for wss://), a CA file path (a self-signed
+            development certificate), an `ssl.SSLContext`, or False (no check: tests only).
     """
 
     def __init__(

@@ -172,7 +172,8 @@ class HttpTransport(TransportBase):
             # would deadlock. Over HTTP/2 (offered through ALPN on https://; otherwise HTTP/1.1)
             # all of them share one connection, up to the server's stream limit.
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=20)
-            context = tls_context(verify) if endpoint.startswith("https:") else True
+            # True keeps httpx's own default (its CA bundle, SSL_CERT_FILE); the rest is ours.
+            context: ssl.SSLContext | bool = True if verify is True else tls_context(verify)
             http_client = httpx.AsyncClient(
                 cookies=cookies,
                 timeout=httpx.Timeout(timeout),
