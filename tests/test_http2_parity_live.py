@@ -49,6 +49,9 @@ ENV = {
     "ACP_KEEPALIVE_SECONDS": "0.5",
     "ACP_MAX_BUFFERED_BYTES": str(BUFFERED_LIMIT),
     "ACP_MAX_BODY_BYTES": str(BODY_LIMIT),
+    # The HTTP/1.1 read clocks, short: they must not touch a connection that went on as h2.
+    "ACP_HEADER_TIMEOUT_SECONDS": "1",
+    "ACP_BODY_TIMEOUT_SECONDS": "1",
 }
 JSON = {"content-type": "application/json"}
 #: acp_channels.daphne_guards.LINGER_SECONDS (not imported: it is Twisted's, for daphne only).
@@ -159,6 +162,20 @@ async def test_httpx_sending_an_oversized_body_reads_the_413(server: DaphneServe
     exact = await http.post(server.url, headers=headers, content=json.dumps(rpc(1, "x")).encode())
     assert exact.status_code == 202
     await http.delete(server.url, headers={**AUTH, "Acp-Connection-Id": connection_id})
+
+
+async def test_the_http11_read_clocks_leave_an_h2_connection_alone(server: DaphneServer, raw: RawH2) -> None:
+    """The connection starts under the HTTP/1.1 channel, whose header clock (1 s here) runs from
+    the TLS connection on; once ALPN chose h2 it must neither answer 408 nor close: a stream
+    whose body comes after the clock would have fired is served (h2 has no body timeout)."""
+    headers = {**JSON, **AUTH}
+    stream = await raw.request("POST", server.port, headers, end_stream=False)
+    await asyncio.sleep(1.5)  # nothing to await: the clocks must not fire; past both of them
+    await raw.send_data(stream, json.dumps(rpc(0, "initialize", {})).encode(), end_stream=True)
+    await raw.wait(stream, "ended")
+    assert stream.status == 200 and b'"id":0' in stream.body
+    assert not raw.closed.is_set()
+    assert server.errors() == []
 
 
 # -- CORS, Origin, authentication --------------------------------------------------------------
