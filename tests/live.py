@@ -21,6 +21,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -237,13 +238,25 @@ class RawConnection:
         self.writer = writer
 
     @classmethod
-    async def open(cls, port: int, receive_buffer: int | None = None, read_limit: int = 64 * 1024) -> RawConnection:
+    async def open(
+        cls,
+        port: int,
+        receive_buffer: int | None = None,
+        read_limit: int = 64 * 1024,
+        tls: ssl.SSLContext | None = None,
+    ) -> RawConnection:
+        """`tls`: speak TLS with this context (HTTP/1.1 inside: offer only http/1.1 by ALPN)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if receive_buffer is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-        reader, writer = await asyncio.open_connection(sock=sock, limit=read_limit)
+        if tls is None:
+            reader, writer = await asyncio.open_connection(sock=sock, limit=read_limit)
+        else:
+            reader, writer = await asyncio.open_connection(
+                sock=sock, limit=read_limit, ssl=tls, server_hostname="127.0.0.1"
+            )
         return cls(reader, writer)
 
     async def send(self, data: bytes) -> None:

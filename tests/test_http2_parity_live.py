@@ -26,7 +26,7 @@ import pytest
 
 from acp_channels.limits import BODY_TOO_LARGE
 from tests.h2raw import H2Stream, RawH2
-from tests.live import DaphneServer, memory, rpc, tls_certificate
+from tests.live import DaphneServer, RawConnection, RawSse, RawWebSocket, memory, rpc, tls_certificate
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -382,4 +382,69 @@ async def test_client_that_stops_reading_the_socket_with_huge_windows_does_not_g
             check_flood(await read_whole_flood(raw, stream))
     finally:
         await raw.close()
+    assert server.errors() == []
+
+
+# -- HTTP/1.1 over the same TLS port -------------------------------------------------------
+
+
+def http11_tls() -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(tls_certificate().cert))
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+async def test_http11_readers_over_tls_that_stop_reading_pause_the_agent(
+    server: DaphneServer, http: httpx.AsyncClient
+) -> None:
+    """On the TLS port, clients that do not offer h2 get HTTP/1.1: an SSE reader and a wss://
+    socket that stop reading pause their agents there too (the send gate reaches the HTTP/1.1
+    channel through the TLS transport's producer)."""
+    assert server.process is not None
+    flood = {"count": FRAMES, "size": FRAME_SIZE}
+    async with flood_counter(http, server.url) as taken:
+        connection_id = await initialize(http, server.url)
+        raw = await RawConnection.open(server.port, receive_buffer=4096, tls=http11_tls())
+        try:
+            await raw.send(
+                f"GET /acp HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAccept: text/event-stream\r\n"
+                f"Authorization: Bearer {TOKEN}\r\nAcp-Connection-Id: {connection_id}\r\n\r\n".encode()
+            )
+            sse = RawSse(raw)
+            status, _ = await raw.response_head()
+            assert status == 200
+            before = await taken()
+            rss_before = memory(server.process.pid)[0]
+            headers = {**JSON, **AUTH, "Acp-Connection-Id": connection_id}
+            assert (
+                await http.post(server.url, headers=headers, json=rpc("flood", "test/flood", flood))
+            ).status_code == 202
+            frames_taken, rss = await settle(server, taken)
+            assert frames_taken - before < FRAMES, "the SSE reader's agent was never paused"
+            assert rss - rss_before < BUFFERED_LIMIT + SLACK, f"server grew by {(rss - rss_before) / MiB:.0f} MiB"
+            check_flood([await sse.next_event() or "" for _ in range(FRAMES + 1)])
+        finally:
+            await raw.close()
+
+        raw = await RawConnection.open(server.port, receive_buffer=4096, tls=http11_tls())
+        try:
+            await raw.send(
+                f"GET /acp HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nUpgrade: websocket\r\n"
+                "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                f"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+            )
+            status, headers = await raw.response_head()
+            assert status == 101, (status, headers)
+            ws = RawWebSocket(raw, headers)
+            await ws.send_text(json.dumps(rpc(0, "initialize", {"protocolVersion": 1})))
+            assert json.loads(await ws.receive() or "null")["id"] == 0
+            before = await taken()
+            rss_before = memory(server.process.pid)[0]
+            await ws.send_text(json.dumps(rpc("flood", "test/flood", flood)))
+            frames_taken, rss = await settle(server, taken)
+            assert frames_taken - before < FRAMES, "the WebSocket's agent was never paused"
+            assert rss - rss_before < BUFFERED_LIMIT + SLACK, f"server grew by {(rss - rss_before) / MiB:.0f} MiB"
+            check_flood([await ws.receive() or "" for _ in range(FRAMES + 1)])
+        finally:
+            await raw.close()
     assert server.errors() == []
