@@ -116,7 +116,6 @@ async def whole_session(transport: Any, tmp_path: Path) -> None:
 async def test_http_client_runs_a_whole_session_over_h2_on_daphne_on_one_tcp_connection(
     daphne_tls: DaphneServer, tmp_path: Path
 ) -> None:
-    client = HttpClient(daphne_tls.url, token=TOKEN, verify=str(tls_certificate().cert), timeout=10)
     versions: list[str | None] = []
 
     class Watched(HttpClient):
