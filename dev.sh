@@ -64,6 +64,11 @@ case "$command" in
     if [ ! -d tests/peers/ts_server/node_modules ] || [ tests/peers/ts_server/package-lock.json -nt tests/peers/ts_server/node_modules ]; then
       (cd tests/peers/ts_server && npm ci --silent --no-audit --no-fund)
     fi
+    # tests/test_browser.py drives Debian's chromium (never a downloaded browser): install it
+    # here when missing and we may (root with apt-get), so a fresh CI machine needs nothing else.
+    if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+    fi
     exec "$VENV/bin/python" -m pytest "$@"
     ;;
   *)

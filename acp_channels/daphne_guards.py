@@ -56,7 +56,6 @@ first protocol of the connection, and once h2 is chosen its clocks do nothing. T
 
 from __future__ import annotations
 
-import asyncio
 import weakref
 from functools import partial
 from typing import Any, Final
@@ -68,6 +67,7 @@ from zope.interface import implementer
 
 from acp_channels import limits
 from acp_channels.conf import acp_settings
+from acp_channels.handoff import LazyEvent
 
 # Twisted's HTTP classes are mostly untyped: subclassed and called through Any.
 HTTPChannel: Any = http.HTTPChannel
@@ -89,7 +89,7 @@ class SendGate:
     transport is paused: open only when neither holds it."""
 
     def __init__(self) -> None:
-        self._open = asyncio.Event()
+        self._open = LazyEvent()
         self._open.set()
         self._held_by: set[str] = set()
         self.stopped = False

@@ -26,6 +26,7 @@ from typing import Any, Final, Literal
 from acp_channels import metrics, protocol
 from acp_channels.agents.channel import AgentChannel, AgentClosed
 from acp_channels.conf import acp_settings
+from acp_channels.handoff import LazyEvent
 from acp_channels.identity import ANONYMOUS, AgentContext, Principal, TransportKind
 from acp_channels.protocol import Batch, Frame, InboundPlan, Single, StreamKey, parse_event_id
 
@@ -241,7 +242,7 @@ class Mailbox:
         self._in_flight = 0  # bytes of the reader's last batch, not yet confirmed written
         self._in_flight_count = 0
         self._on_idle = on_idle
-        self._wakeup = asyncio.Event()
+        self._wakeup = LazyEvent()
         self._holder: object | None = None
         self.closed = False
         #: Names this stream in its event ids; a stream made again after being forgotten has a new one.
@@ -530,15 +531,19 @@ def resume_capabilities() -> dict[str, Any]:
     }
 
 
-def advertise_resume(reply: protocol.Message) -> None:
+def advertise_resume(reply: protocol.Message, connection_id: str | None = None) -> None:
     """Add what the server supports for resuming streams to an initialize result's `_meta`
-    (next to what the agent put there)."""
+    (next to what the agent put there). A WebSocket's reply also names its connection: a browser
+    cannot read the 101's `Acp-Connection-Id`, and needs the id to reattach."""
     result = reply.get("result")
     if isinstance(result, dict):
         meta = result.get("_meta")
         if not isinstance(meta, dict):
             meta = result["_meta"] = {}
-        meta[RESUME_META_KEY] = resume_capabilities()
+        capabilities = resume_capabilities()
+        if connection_id is not None:
+            capabilities["connectionId"] = connection_id
+        meta[RESUME_META_KEY] = capabilities
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,9 +589,8 @@ class ConnectionHost:
         # WebSocket: the grace period of a detached socket (see _socket_detached).
         self._grace: asyncio.TimerHandle | None = None
         self._grace_ending: asyncio.Task[None] | None = None
-        self._socket_outbox = SocketOutbox(
-            self._budget, on_attach=self._stop_grace, on_detach=self._socket_detached, **self._window
-        )
+        # WebSocket connections only, made on first use: an HTTP connection never holds one.
+        self._socket_outbox: SocketOutbox | None = None
         # Client messages received on this connection's sockets (Acp-Received on a reattach),
         # handed to the agent one at a time in the order they were counted.
         self._socket_received = 0
@@ -604,7 +608,7 @@ class ConnectionHost:
         self._agent_requests: dict[str, StreamKey] = {}
         self._router: asyncio.Task[None] | None = None
         self._on_end = on_end
-        self.ended = asyncio.Event()
+        self.ended = LazyEvent()
         self.last_active = self.opened_at = asyncio.get_running_loop().time()
 
     @property
@@ -664,7 +668,7 @@ class ConnectionHost:
         limit: int = _setting("MAX_PENDING_REQUESTS")
         if ids and self._pending_requests + len(ids) > limit:
             await self._budget.wait_for_room()  # refusals are output too: a client that does not read waits
-            self._socket_outbox.push(protocol.serialize_frame(too_many_requests_reply(frame, ids, limit)))
+            self.socket_outbox.push(protocol.serialize_frame(too_many_requests_reply(frame, ids, limit)))
             return
         for request_id in ids:
             key = protocol.id_key(request_id)
@@ -721,7 +725,7 @@ class ConnectionHost:
             raise AgentClosed("connection ended")
         self.last_active = asyncio.get_running_loop().time()
         if self.transport == "websocket":
-            self._socket_outbox.push(text)
+            self.socket_outbox.push(text)
         else:
             self.stream(protocol.CONNECTION_STREAM).push(text)
 
@@ -741,14 +745,14 @@ class ConnectionHost:
             raise StreamBusy
         if self.ended.is_set():
             raise AgentClosed("connection ended")
-        self._socket_outbox.resume(last_seq, str(last_seq))  # checked before the socket attached is displaced
-        self._socket_outbox.take_over(holder)
+        self.socket_outbox.resume(last_seq, str(last_seq))  # checked before the socket attached is displaced
+        self.socket_outbox.take_over(holder)
         self.last_active = asyncio.get_running_loop().time()
         return self._socket_received
 
     def holds_socket(self, holder: object) -> bool:
         """Whether `holder` is the socket attached to this connection now."""
-        return self._socket_outbox.holder is holder
+        return self.socket_outbox.holder is holder
 
     async def receive_from_socket(self, text: str, holder: object) -> bool:
         """A text message the client sent on socket `holder`: counted, then handed to the agent
@@ -760,7 +764,7 @@ class ConnectionHost:
         gone) cannot lose a message already counted."""
         if self.ended.is_set():
             raise AgentClosed("connection ended")
-        if self._socket_outbox.holder is not holder:
+        if self.socket_outbox.holder is not holder:
             return False
         self._socket_received += 1
         delivery = asyncio.ensure_future(self._deliver_from_socket(text))
@@ -786,11 +790,11 @@ class ConnectionHost:
     async def detach_socket(self, holder: object, end: EndReason | None = None) -> None:
         """Socket `holder` is gone. With `end` (a clean close, a failed send) the connection ends
         now; else, while it is the socket attached, the grace period starts."""
-        if self._socket_outbox.holder is not holder:
+        if self.socket_outbox.holder is not holder:
             return  # replaced by a reattached socket: nothing of the connection's changes
         if end is not None:
             await self.terminate(end)
-        self._socket_outbox.release(holder)
+        self.socket_outbox.release(holder)
 
     def _socket_detached(self) -> None:
         """No socket holds the outbox: the connection waits WEBSOCKET_RESUME_SECONDS for one to
@@ -810,7 +814,7 @@ class ConnectionHost:
 
     def _grace_over(self) -> None:
         self._grace = None
-        if self.ended.is_set() or self._socket_outbox.leased:
+        if self.ended.is_set() or self.socket_outbox.leased:
             return
         logger.info("connection %s: no socket reattached in time; ending it", self.connection_id)
         self._grace_ending = asyncio.ensure_future(self.terminate("socket closed"))
@@ -927,6 +931,10 @@ class ConnectionHost:
 
     @property
     def socket_outbox(self) -> SocketOutbox:
+        if self._socket_outbox is None:
+            self._socket_outbox = SocketOutbox(
+                self._budget, on_attach=self._stop_grace, on_detach=self._socket_detached, **self._window
+            )
         return self._socket_outbox
 
     async def _run_router(self) -> None:
@@ -947,9 +955,9 @@ class ConnectionHost:
     def _route(self, frame: Frame) -> None:
         if self.transport == "websocket":
             if self._count_socket_replies(frame):  # an initialize reply got `_meta`: the raw text lacks it
-                self._socket_outbox.push(protocol.dumps(protocol.frame_value(frame)))
+                self.socket_outbox.push(protocol.dumps(protocol.frame_value(frame)))
             else:
-                self._socket_outbox.push(protocol.serialize_frame(frame))
+                self.socket_outbox.push(protocol.serialize_frame(frame))
             return
         unpinned: list[str] = []
         key = protocol.route_outbound(frame, lambda request: self._pop_route(request, unpinned))
@@ -971,7 +979,7 @@ class ConnectionHost:
             if key in self._socket_initializing:
                 self._socket_initializing.discard(key)
                 if not protocol.is_error_response(message):
-                    advertise_resume(message)
+                    advertise_resume(message, self.connection_id)
                     advertised = True
             count = self._socket_requests.get(key, 0)
             if count:
@@ -1024,13 +1032,15 @@ class ConnectionHost:
         self._stop_grace()
         for mailbox in self._streams.values():
             mailbox.close()
-        self._socket_outbox.close()
+        if self._socket_outbox is not None:
+            self._socket_outbox.close()
         self._on_end(self)
 
     async def terminate(self, reason: EndReason = "delete") -> None:
         """End the connection now (DELETE, socket closed, failed initialize): abortive (§10)."""
         self._end(reason)
-        self._socket_outbox.writer_never_started()  # if it never took, it never will
+        if self._socket_outbox is not None:
+            self._socket_outbox.writer_never_started()  # if it never took, it never will
         if self._router is not None:
             self._router.cancel()
         await self.agent.close()

@@ -22,11 +22,13 @@ from typing import Any, Literal, TypeVar
 
 from acp import PROTOCOL_VERSION, RequestError
 from acp.helpers import (
+    plan_entry,
     start_tool_call,
     text_block,
     tool_content,
     update_agent_message_text,
     update_current_mode,
+    update_plan,
     update_tool_call,
     update_user_message_text,
 )
@@ -82,6 +84,7 @@ HELP_TEXT = "\n".join(
         "  permission             ask the client for permission (allow / reject)",
         "  wait_for_cancel        do nothing until session/cancel arrives",
         "  tool_calls             report a tool call: pending -> in_progress -> completed",
+        "  plan                   report a plan of three steps and work through it",
         "  fs_read <path>         read a file through the client (fs.readTextFile)",
         "  fs_write <path> <text> write a file through the client (fs.writeTextFile)",
         "  fail                   answer the prompt with a JSON-RPC error",
@@ -290,6 +293,8 @@ class DemoAgent:
                 return "cancelled"
             case "tool_calls":
                 await self._tool_calls(turn)
+            case "plan":
+                await self._plan(turn)
             case "fs_read":
                 await self._fs_read(turn, rest)
             case "fs_write":
@@ -385,6 +390,17 @@ class DemoAgent:
             update_tool_call(call_id, status="completed", content=[tool_content(text_block("demo tool output"))]),
         )
         await self._say(turn, "tool call completed")
+
+    async def _plan(self, turn: _Turn) -> None:
+        # Each update is the whole plan (the protocol replaces it): one step further each time.
+        steps = ("Read the request", "Do the work", "Report back")
+        for done in range(len(steps) + 1):
+            entries = [
+                plan_entry(step, status="completed" if index < done else "in_progress" if index == done else "pending")
+                for index, step in enumerate(steps)
+            ]
+            await self.conn.session_update(turn.session.session_id, update_plan(entries))
+        await self._say(turn, "plan completed")
 
     async def _fs_read(self, turn: _Turn, path: str) -> None:
         fs = self._client_capabilities.fs

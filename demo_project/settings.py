@@ -27,10 +27,15 @@ INSTALLED_APPS = [
     "daphne",
     "django.contrib.contenttypes",
     "django.contrib.auth",
+    "django.contrib.staticfiles",
     "corsheaders",
     "channels",
     "acp_channels",
 ]
+# The browser page's script and styles (demo_project/static) and acp_channels' own
+# (acp_channels/static: acp-client.js), served by demo_project/asgi.py.
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "demo_project" / "static"]
 
 # Only ASGI-native middleware: each MiddlewareMixin-based one (SecurityMiddleware,
 # CommonMiddleware, ...) costs every request thread hops under ASGI (see bench/PROFILE.md, finding 1).

@@ -1,3 +1,5 @@
 from django.urls import include, path
 
-urlpatterns = [path("", include("acp_channels.urls"))]
+from demo_project.views import index
+
+urlpatterns = [path("", index, name="demo-page"), path("", include("acp_channels.urls"))]

@@ -371,6 +371,11 @@ class ThreadedCutProxy:
 
         return self._run(cut())
 
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+        """`CutProxy.wait_for`, from the test's thread."""
+        assert self.proxy is not None
+        self._run(self.proxy.wait_for(predicate, timeout))
+
     def __exit__(self, *exc: object) -> None:
         if self.proxy is not None:
             self._run(self.proxy.stop())

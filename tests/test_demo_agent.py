@@ -15,6 +15,7 @@ from acp.connection import StreamDirection, StreamEvent
 from acp.core import AgentSideConnection, ClientSideConnection
 from acp.schema import (
     AgentMessageChunk,
+    AgentPlanUpdate,
     AllowedOutcome,
     ClientCapabilities,
     CurrentModeUpdate,
@@ -75,9 +76,7 @@ class RecordingClient:
             raise RequestError.resource_not_found(path)
         return ReadTextFileResponse(content=self.files[path])
 
-    async def write_text_file(
-        self, session_id: str, path: str, content: str, **kwargs: Any
-    ) -> WriteTextFileResponse:
+    async def write_text_file(self, session_id: str, path: str, content: str, **kwargs: Any) -> WriteTextFileResponse:
         self.files[path] = content
         return WriteTextFileResponse()
 
@@ -285,6 +284,23 @@ async def test_tool_calls_status_order() -> None:
         assert isinstance(chunk, AgentMessageChunk)
 
 
+async def test_plan_is_worked_through_step_by_step() -> None:
+    async with connected() as h:
+        sid = await h.new_session()
+        assert (await h.prompt(sid, "plan")).stop_reason == "end_turn"
+        updates = [u for _, u in h.client.updates]
+        *plans, chunk = updates
+        assert all(isinstance(plan, AgentPlanUpdate) for plan in plans)
+        statuses = [[entry.status for entry in plan.entries] for plan in plans]
+        assert statuses == [
+            ["in_progress", "pending", "pending"],
+            ["completed", "in_progress", "pending"],
+            ["completed", "completed", "in_progress"],
+            ["completed", "completed", "completed"],
+        ]
+        assert isinstance(chunk, AgentMessageChunk) and chunk.content.text == "plan completed"
+
+
 async def test_fs_read_and_write_with_capability() -> None:
     client = RecordingClient(files={"/tmp/demo/a.txt": "file contents"})
     async with connected(client, fs=True) as h:
@@ -321,7 +337,7 @@ async def test_help_lists_commands() -> None:
         sid = await h.new_session()
         await h.prompt(sid, "help")
         assert h.client.texts() == [HELP_TEXT]
-        for command in ("echo", "stream", "permission", "wait_for_cancel", "tool_calls", "fs_read", "fail"):
+        for command in ("echo", "stream", "permission", "wait_for_cancel", "tool_calls", "plan", "fs_read", "fail"):
             assert command in HELP_TEXT
 
 

@@ -1,7 +1,8 @@
 """The package as a user gets it: `python -m build` makes a wheel and an sdist that `twine check`
 passes, setuptools says nothing about the license, the wheel holds only `acp_channels` (typed,
-with its license), and the README's install line installs it into a fresh virtual environment
-(no system site packages) where it imports and its commands run."""
+with its license and the browser module acp-client.js), and the README's install line installs
+it into a fresh virtual environment (no system site packages) where it imports and its commands
+run."""
 
 from __future__ import annotations
 
@@ -72,12 +73,14 @@ def test_twine_check_passes(built: Built) -> None:
 
 
 def test_wheel_holds_only_the_package_typed_and_licensed(built: Built) -> None:
+    """Typed, licensed, and with the browser module (served by any site's staticfiles)."""
     with zipfile.ZipFile(built.wheel) as wheel:
         names = wheel.namelist()
         metadata = email.parser.Parser().parsestr(wheel.read(f"acp_channels-{VERSION}.dist-info/METADATA").decode())
     tops = {name.split("/", 1)[0] for name in names}
     assert tops == {"acp_channels", f"acp_channels-{VERSION}.dist-info"}
     assert "acp_channels/py.typed" in names
+    assert "acp_channels/static/acp_channels/acp-client.js" in names
     assert f"acp_channels-{VERSION}.dist-info/licenses/LICENSE" in names
     assert metadata["Version"] == VERSION
     assert metadata["License-Expression"] == "MIT"
@@ -93,6 +96,7 @@ def test_sdist_holds_the_package_license_and_changelog_but_no_demo_or_tests(buil
     with tarfile.open(built.sdist) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "acp_channels/__init__.py"} <= names
+    assert "acp_channels/static/acp_channels/acp-client.js" in names
     assert not any(name.startswith(("demo_project", "tests/", "bench/")) for name in names)
 
 

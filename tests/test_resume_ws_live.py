@@ -291,7 +291,8 @@ async def test_initialize_over_websocket_advertises_resumption(wire_server: Daph
         await send(ws, rpc(0, "initialize", {"protocolVersion": 1}))
         reply = await receive(ws)
         assert reply["result"]["protocolVersion"] == 1  # the agent's result, with the server's _meta
-        assert reply["result"]["_meta"] == {"acp-channels/resume": RESUME_META}
+        # With the connection's id: a browser cannot read the 101's Acp-Connection-Id.
+        assert reply["result"]["_meta"] == {"acp-channels/resume": {**RESUME_META, "connectionId": connection_of(ws)}}
         await send(ws, rpc(1, "not/initialize"))
         assert "_meta" not in json.dumps(await receive(ws))
     finally:

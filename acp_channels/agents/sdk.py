@@ -29,6 +29,7 @@ from acp.exceptions import RequestError
 
 from acp_channels import protocol
 from acp_channels.agents.channel import AgentClosed
+from acp_channels.handoff import HandoffQueue
 from acp_channels.protocol import Batch, Frame, Malformed, MalformedEntry, Message, Single
 
 logger = logging.getLogger(__name__)
@@ -75,8 +76,8 @@ class SdkAgentChannel:
     """An `acp` SDK agent object run on an in-memory message transport."""
 
     def __init__(self, agent: Any, *, outbound_frames: int = 64) -> None:
-        self._inbox: asyncio.Queue[Message | None] = asyncio.Queue()
-        self._outbox: asyncio.Queue[Frame | None] = asyncio.Queue(maxsize=outbound_frames)
+        self._inbox: HandoffQueue[Message | None] = HandoffQueue()
+        self._outbox: HandoffQueue[Frame | None] = HandoffQueue(maxsize=outbound_frames)
         self._ids = itertools.count(1)
         self._in_flight: dict[int, _InFlight] = {}
         self._closed = False
