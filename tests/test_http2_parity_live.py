@@ -218,7 +218,12 @@ async def test_bearer_token_over_h2(server: DaphneServer, http: httpx.AsyncClien
     connection_id = await initialize(http, server.url)
     stream = await http.get(server.url, headers={"Accept": "text/event-stream", "Acp-Connection-Id": connection_id})
     assert stream.status_code == 401  # every request carries the token, streams too
-    await http.delete(server.url, headers={**AUTH, "Acp-Connection-Id": connection_id})
+    refused = await http.delete(server.url, headers={"Acp-Connection-Id": connection_id})
+    assert refused.status_code == 401
+    deleted = await http.delete(server.url, headers={**AUTH, "Acp-Connection-Id": connection_id})
+    assert (deleted.status_code, deleted.http_version) == (202, "HTTP/2")
+    gone = await http.delete(server.url, headers={**AUTH, "Acp-Connection-Id": connection_id})
+    assert gone.status_code == 404
 
 
 # -- streams: keep-alives, resets ----------------------------------------------------------
