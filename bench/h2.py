@@ -329,6 +329,11 @@ def render(results: dict[str, Any]) -> str:
     }
     lines += [
         "",
+        "TCP connections over HTTP/2: daphne allows 100 streams at once per connection, and the sessions are "
+        "created all at once, so the session streams and the session/new POSTs in flight together pass 100 "
+        "(50 sessions: 51 streams and up to 50 POSTs); the client then opens another connection. Over "
+        "HTTP/1.1 each stream and each concurrent POST holds one.",
+        "",
         "Protocols the client saw: " + "; ".join(f"{mode} {', '.join(v)}" for mode, v in versions.items()) + ".",
         "Server errors in the logs: "
         + (str(len(results["server_errors"])) if results["server_errors"] else "none")
