@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Developer entry point: `./dev.sh demo` serves the demo agent on 127.0.0.1:8000/acp;
-# `./dev.sh test` runs the whole test suite. Each installs what it needs into .venv first.
+# `./dev.sh demo-h2` (or `HTTP2=1 ./dev.sh demo`) serves it over HTTPS with HTTP/2 on
+# 127.0.0.1:8443/acp (docs/http2.md); `./dev.sh test` runs the whole test suite. Each installs
+# what it needs into .venv first.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -19,14 +21,35 @@ ensure_venv() {
   fi
 }
 
-case "${1:-}" in
+# daphne's flags for both demos: message size: our 16 MiB body limit also applies to WebSocket messages.
+WEBSOCKET_LIMITS=(--websocket-max-message-size 16781312 --websocket-max-frame-size 16781312)
+
+command=${1:-}
+if [ "$command" = demo ] && [ "${HTTP2:-}" = 1 ]; then
+  command=demo-h2
+fi
+
+case "$command" in
+  demo-h2)
+    ensure_venv demo-h2 ".[redis,http2]"
+    shift
+    # daphne speaks HTTP/2 only over TLS (chosen through ALPN): a self-signed certificate for
+    # localhost/127.0.0.1/::1, made anew at each start under .venv (never committed), trusted
+    # only by the clients told to (curl --cacert, HttpClient(verify=...)).
+    cert_dir="$VENV/dev-cert"
+    "$VENV/bin/python" -m demo_project.devcert "$cert_dir" >/dev/null
+    port=${PORT:-8443}
+    echo "serving https://${HOST:-127.0.0.1}:$port/acp over HTTP/2 and HTTP/1.1; the certificate: $cert_dir/cert.pem" >&2
+    exec "$VENV/bin/daphne" \
+      -e "ssl:port=$port:interface=${HOST:-127.0.0.1}:backlog=2048:privateKey=$cert_dir/key.pem:certKey=$cert_dir/cert.pem" \
+      "${WEBSOCKET_LIMITS[@]}" "$@" demo_project.asgi:application
+    ;;
   demo)
     ensure_venv demo ".[redis]"
     shift
-    # backlog: daphne's default of 50 drops connections under bursts of clients;
-    # message size: our 16 MiB body limit also applies to WebSocket messages.
+    # backlog: daphne's default of 50 drops connections under bursts of clients.
     exec "$VENV/bin/daphne" -e "tcp:port=${PORT:-8000}:interface=${HOST:-127.0.0.1}:backlog=2048" \
-      --websocket-max-message-size 16781312 --websocket-max-frame-size 16781312 "$@" demo_project.asgi:application
+      "${WEBSOCKET_LIMITS[@]}" "$@" demo_project.asgi:application
     ;;
   test)
     ensure_venv test ".[test]"
@@ -49,7 +72,7 @@ case "${1:-}" in
     exec "$VENV/bin/python" -m pytest "$@"
     ;;
   *)
-    echo "usage: ./dev.sh demo | ./dev.sh test [pytest args]" >&2
+    echo "usage: ./dev.sh demo | ./dev.sh demo-h2 | ./dev.sh test [pytest args]" >&2
     exit 2
     ;;
 esac

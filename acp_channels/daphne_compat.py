@@ -26,12 +26,14 @@
   unsent) until it has written its buffer, or the client is gone. Once the client is gone, a
   streaming `send` (a WebSocket message, a body chunk with more to come) waits until the
   application is cancelled instead of being dropped at once: a stream does not race through its
-  output into a dead connection, which a replay window would count as delivered.
+  output into a dead connection, which a replay window would count as delivered. Over HTTP/2
+  the wait is per stream (its flow-control window) and per connection (its transport).
 - Hostile requests: daphne reads a whole body (into Twisted, then into the application's
   queue) before the application can refuse it, Twisted waits 12 hours for slow headers, and it
   drops oversized headers without an answer. Daphne's HTTP factory now builds guarded channels:
   413 for the ACP endpoint's over-limit bodies before they are read, 408 for slow headers or
-  bodies (HEADER_TIMEOUT_SECONDS, BODY_TIMEOUT_SECONDS), 431 for oversized headers.
+  bodies (HEADER_TIMEOUT_SECONDS, BODY_TIMEOUT_SECONDS), 431 for oversized headers. Over HTTP/2
+  only the 413 applies (answered on the stream; the connection's other streams go on).
 - Per-frame debug formatting: autobahn builds the arguments of a debug line for every frame it
   sends (`hltype`/`hlval`, colouring through click) before the logger drops it: a tenth of a
   WebSocket frame's cost on daphne (bench/PROFILE.md). Its WebSocket module gets plain
@@ -177,10 +179,16 @@ def _streams_on(message: dict[str, Any]) -> bool:
 def _install_guards() -> None:
     import daphne.server
 
-    from acp_channels.daphne_guards import GuardedHTTPFactory, gate_before_write
+    from acp_channels.daphne_guards import GuardedHTTPFactory, gate_before_write, watch_h2_connections
 
     # Server.run() builds `HTTPFactory(self)` from daphne.server's namespace.
     daphne.server.HTTPFactory = GuardedHTTPFactory
+    try:
+        from twisted.web._http2 import H2Connection
+    except ImportError:
+        pass  # no h2 package: daphne serves HTTP/1.1 only
+    else:
+        watch_h2_connections(H2Connection)
     server_class: Any = daphne.server.Server
     original = server_class.handle_reply
 

@@ -32,12 +32,31 @@ could install the wrong reactor). Each guard exists because daphne and Twisted l
 Every refusal answers with a complete `Connection: close` response. A 408 then closes; a 413,
 414 or 431 (the client may still be sending) keeps reading and discarding for a few seconds, or
 until the client closes, so that the client reads the answer instead of a connection reset.
-HTTP/2 (daphne over TLS with h2) is served by Twisted's H2Connection: only the send gate applies
-there.
+
+HTTP/2 (daphne over TLS, h2 chosen through ALPN) is served by Twisted's H2Connection, one
+H2Stream per request, with the same request class: the HTTP/1.1 channel above is only the
+first protocol of the connection, and once h2 is chosen its clocks do nothing. There:
+
+- Send backpressure works per stream and per connection. The gate is registered with the
+  H2Stream, which pauses it when the client's flow-control window for the stream is used up
+  (queued data counts) and resumes it on the client's WINDOW_UPDATE: a stream its client does
+  not read pauses its agent, the other streams go on. But the window is the client's to choose
+  (up to 2 GiB), and a client that stops reading the socket stops only the connection's writer,
+  not the streams: each would queue up to its window. So every gate of the connection is also
+  closed while the connection's transport is paused (`watch_h2_connections`), as over HTTP/1.1.
+- Body size: a declared length over the limit is answered 413 at the headers and a body without
+  one as soon as it passes the limit, by `H2BodyRefusal`: the answer is written on the stream
+  (HEADERS and DATA with END_STREAM), the rest of the body is read and dropped (its window given
+  back, so a client that sends all before reading gets the answer) until the client ends it, or
+  for LINGER_SECONDS at most; then the stream is reset. Other streams are untouched.
+- The read timeouts (408) and the 431/414 header answers do not apply: h2 frames headers itself
+  (HPACK), and Twisted's connection idle timeout is the only clock. Front hostile networks with
+  a proxy (docs/http2.md).
 """
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 from typing import Any, Final
 
@@ -65,22 +84,35 @@ LINGER_SECONDS: Final = 5.0
 class SendGate:
     """A push producer registered with an HTTP channel: closed while the transport holds more
     than its buffer size unsent, open again once it has written everything, or the connection
-    is gone (so nobody waits on a dead socket)."""
+    is gone (so nobody waits on a dead socket). Over HTTP/2 it is registered with the stream
+    (closed while the stream's window is used up) and also closed while the connection's
+    transport is paused: open only when neither holds it."""
 
     def __init__(self) -> None:
         self._open = LazyEvent()
         self._open.set()
+        self._held_by: set[str] = set()
         self.stopped = False
 
-    def pauseProducing(self) -> None:
+    def hold(self, reason: str) -> None:
         if not self.stopped:
+            self._held_by.add(reason)
             self._open.clear()
 
+    def release(self, reason: str) -> None:
+        self._held_by.discard(reason)
+        if not self._held_by:
+            self._open.set()
+
+    def pauseProducing(self) -> None:
+        self.hold("consumer")
+
     def resumeProducing(self) -> None:
-        self._open.set()
+        self.release("consumer")
 
     def stopProducing(self) -> None:
         self.stopped = True
+        self._held_by.clear()
         self._open.set()
 
     async def wait_writable(self) -> None:
@@ -113,7 +145,119 @@ def _response_gate(request: Any, *, more_body: bool) -> SendGate | None:
             return None
         gate = request.acp_send_gate = SendGate()
         request.registerProducer(gate, True)
+        connection = h2_connection_of(request.channel)
+        if connection is not None:
+            _watch_h2_gate(connection, gate)
     return gate
+
+
+# -- HTTP/2 ----------------------------------------------------------------------------------
+
+
+def h2_connection_of(channel: Any) -> Any:
+    """The H2Connection of a request's channel when it is an HTTP/2 stream (Twisted's H2Stream:
+    a `streamID` and its connection), else None."""
+    connection = getattr(channel, "_conn", None)
+    if connection is None or not isinstance(getattr(channel, "streamID", None), int):
+        return None
+    return connection
+
+
+def _watch_h2_gate(connection: Any, gate: SendGate) -> None:
+    gates: weakref.WeakSet[SendGate] | None = getattr(connection, "acp_send_gates", None)
+    if gates is None:
+        gates = connection.acp_send_gates = weakref.WeakSet()
+    gates.add(gate)
+    if getattr(connection, "_consumerBlocked", None) is not None:
+        gate.hold("connection")  # the transport is paused right now
+
+
+def watch_h2_connections(h2_connection_class: Any) -> None:
+    """Close every send gate of an HTTP/2 connection while its transport is paused (the client
+    does not read the socket), open them again when it resumes. Wraps Twisted's
+    H2Connection.pauseProducing/resumeProducing, which the transport calls."""
+    if getattr(h2_connection_class, "acp_gates_watched", False):
+        return
+    pause, resume = h2_connection_class.pauseProducing, h2_connection_class.resumeProducing
+
+    def pause_producing(self: Any) -> None:
+        pause(self)
+        for gate in list(getattr(self, "acp_send_gates", ())):
+            gate.hold("connection")
+
+    def resume_producing(self: Any) -> None:
+        resume(self)
+        for gate in list(getattr(self, "acp_send_gates", ())):
+            gate.release("connection")
+
+    h2_connection_class.pauseProducing = pause_producing
+    h2_connection_class.resumeProducing = resume_producing
+    h2_connection_class.acp_gates_watched = True
+
+
+class H2BodyRefusal:
+    """A 413 for one HTTP/2 stream whose body is over the limit (see the module docstring): the
+    answer goes out on the stream while the stream stays known to Twisted, so the rest of the
+    client's body is read and dropped (its window given back) until the client ends it or
+    LINGER_SECONDS pass; then the stream is forgotten (reset if the client is still sending)."""
+
+    def __init__(self, stream: Any, status: int, text: str) -> None:
+        self.stream = stream
+        self.connection = stream._conn
+        self.status = status
+        self.body = text.encode()
+        self.answered = False
+        self.client_done = False
+        self._linger: Any = None
+        # The stream joins the connection's table only after its headers are parsed (our
+        # gotLength runs during that): answer on the next turn of the reactor.
+        self.connection._reactor.callLater(0, self._answer)
+
+    def _active(self) -> bool:
+        connection = self.connection
+        return bool(connection._stillProducing) and bool(connection._streamIsActive(self.stream.streamID))
+
+    def _answer(self) -> None:
+        if not self._active():
+            return
+        import h2.exceptions
+
+        stream_id = self.stream.streamID
+        h2_state = self.connection.conn
+        headers = [
+            (b":status", str(self.status).encode()),
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", str(len(self.body)).encode()),
+        ]
+        try:
+            h2_state.send_headers(stream_id, headers)
+            h2_state.send_data(stream_id, self.body, end_stream=True)
+        except h2.exceptions.H2Error:  # no window for the answer, or the stream closed meanwhile
+            self._forget(reset=True)
+            return
+        self.answered = True
+        self.connection._tryToWriteControlData()
+        if self.client_done:
+            self._forget(reset=False)
+        else:
+            self._linger = self.connection._reactor.callLater(LINGER_SECONDS, self._forget, True)
+
+    def body_ended(self) -> None:
+        """The client ended its body (Twisted's requestReceived)."""
+        self.client_done = True
+        if self.answered:
+            self._forget(reset=False)
+
+    def _forget(self, reset: bool) -> None:
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        self._linger = None
+        if not self._active():
+            return
+        if reset:
+            self.connection.abortRequest(self.stream.streamID)  # RST_STREAM, and forgotten
+        else:
+            self.connection._requestDone(self.stream.streamID)
 
 
 def _websocket_gate(protocol: Any) -> SendGate | None:
@@ -266,6 +410,8 @@ class GuardedWebRequest(WebRequest):  # type: ignore[misc]
     acp_body_limit: int | None = None
     acp_body_size = 0
     acp_send_gate: SendGate | None = None
+    #: Over HTTP/2: the 413 under way for this stream (its body is being dropped).
+    acp_h2_refusal: H2BodyRefusal | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -283,17 +429,32 @@ class GuardedWebRequest(WebRequest):  # type: ignore[misc]
                 self.requestHeaders.removeHeader(b"Expect")
                 channel.refuse(413, "Content Too Large", limits.BODY_TOO_LARGE)
                 return
+        elif h2_connection_of(channel) is not None and limits.is_acp_target(channel.path or b""):
+            # HTTP/2: the pseudo-headers (:path) come before every other header, so the target
+            # is known whenever the length is.
+            self.acp_body_limit = int(acp_settings.MAX_BODY_BYTES)
+            if length is not None and length > self.acp_body_limit:
+                self.requestHeaders.removeHeader(b"Expect")
+                self._refuse_h2()
+                super().gotLength(0)  # a small buffer, never written
+                return
         super().gotLength(length)
+
+    def _refuse_h2(self) -> None:
+        if self.acp_h2_refusal is None:
+            self.acp_h2_refusal = H2BodyRefusal(self.channel, 413, limits.BODY_TOO_LARGE)
 
     def handleContentChunk(self, data: bytes) -> None:
         channel = self.channel
-        if isinstance(channel, GuardedHTTPChannel) and channel.refused:
+        if (isinstance(channel, GuardedHTTPChannel) and channel.refused) or self.acp_h2_refusal is not None:
             return
         if self.acp_body_limit is not None:
             self.acp_body_size += len(data)
             if self.acp_body_size > self.acp_body_limit:
                 if isinstance(channel, GuardedHTTPChannel):
                     channel.refuse(413, "Content Too Large", limits.BODY_TOO_LARGE)
+                elif h2_connection_of(channel) is not None:
+                    self._refuse_h2()
                 return
         super().handleContentChunk(data)
 
@@ -303,6 +464,9 @@ class GuardedWebRequest(WebRequest):  # type: ignore[misc]
             if channel.refused:
                 return
             channel.served_a_request = True
+        if self.acp_h2_refusal is not None:
+            self.acp_h2_refusal.body_ended()  # answered 413: the application never sees it
+            return
         super().requestReceived(command, path, version)
 
     def connectionLost(self, reason: Any) -> None:

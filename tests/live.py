@@ -2,7 +2,10 @@
 
 `DaphneServer` starts `python -m daphne demo_project.asgi:application` on a free port, with
 `ACP_*` environment variables choosing the agent and settings, and waits for daphne's own
-"Listening on" log line (an event, not a sleep); `UvicornServer` does the same under uvicorn.
+"Listening on" log line (an event, not a sleep); `UvicornServer` does the same under uvicorn,
+`HypercornServer` under hypercorn. Given a `tls` certificate (`tls_certificate()`, made on the
+fly) each serves https:// instead: daphne and hypercorn then offer HTTP/2 through ALPN,
+uvicorn only HTTP/1.1; hypercorn also serves cleartext h2c on http://.
 `SseReader` reads events from a live stream. For clients that misbehave on purpose (never read,
 stall, send too much) `RawConnection` is a bare socket with a chosen receive buffer, with
 `RawSse` and `RawWebSocket` speaking just enough HTTP/1.1 and WebSocket on top of it;
@@ -18,9 +21,11 @@ import json
 import os
 import re
 import socket
+import ssl
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,6 +33,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import httpx
+
+from demo_project.devcert import DevCertificate, write_certificate
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_MESSAGE = 16 * 1024 * 1024 + 4096  # the 16 MiB body limit plus JSON-RPC framing
@@ -97,13 +104,16 @@ class DaphneServer(ServerProcess):
     log_from_stderr: ClassVar[bool] = True  # Django's and our logging; not the access log
     env: dict[str, str] = field(default_factory=dict)
 
+    #: Serve https:// and wss:// (h2 offered through ALPN) with this certificate.
+    tls: DevCertificate | None = None
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/acp"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/acp"
 
     @property
     def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/acp"
+        return f"{'wss' if self.tls else 'ws'}://127.0.0.1:{self.port}/acp"
 
     def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
         env = {
@@ -113,9 +123,12 @@ class DaphneServer(ServerProcess):
             "ACP_SHUTDOWN_GRACE_SECONDS": "2",  # stop() sends SIGTERM: drain briefly
             **self.env,
         }
+        endpoint = "tcp:port=0:interface=127.0.0.1:backlog=2048"
+        if self.tls is not None:
+            endpoint = f"ssl:port=0:interface=127.0.0.1:backlog=2048:privateKey={self.tls.key}:certKey={self.tls.cert}"
         daphne = [
             sys.executable, "-m", "daphne",
-            "-e", "tcp:port=0:interface=127.0.0.1:backlog=2048",
+            "-e", endpoint,
             # A burst of upgrades (test_cluster_load) can outlive daphne's 5 s handshake timeout.
             "--websocket_connect_timeout", "60",
             "--websocket_timeout", "-1",
@@ -136,22 +149,62 @@ class UvicornServer(ServerProcess):
 
     listening: ClassVar[re.Pattern[str]] = re.compile(r"LISTENING (\d+)")
     env: dict[str, str] = field(default_factory=dict)
+    #: Serve https:// (HTTP/1.1 only: uvicorn has no HTTP/2) with this certificate.
+    tls: DevCertificate | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/acp"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/acp"
 
     @property
     def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/acp"
+        return f"{'wss' if self.tls else 'ws'}://127.0.0.1:{self.port}/acp"
 
     def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings", **self.env}
+        tls = f", ssl_certfile={str(self.tls.cert)!r}, ssl_keyfile={str(self.tls.key)!r}" if self.tls else ""
         script = (
             "from tests.peers.py_sdk_server import serve_uvicorn; "
-            f"serve_uvicorn('demo_project.asgi:application', 0, access_log=False, ws_max_size={MAX_MESSAGE})"
+            f"serve_uvicorn('demo_project.asgi:application', 0, access_log=False, ws_max_size={MAX_MESSAGE}{tls})"
         )
         return [sys.executable, "-c", script], ROOT, env
+
+
+@dataclass
+class HypercornServer(ServerProcess):
+    """One hypercorn process serving the demo project: HTTP/2 over TLS with a certificate,
+    otherwise HTTP/1.1 and cleartext h2c (prior knowledge or an Upgrade) on the same port."""
+
+    listening: ClassVar[re.Pattern[str]] = re.compile(r"Running on https?://[\d.]+:(\d+)")
+    env: dict[str, str] = field(default_factory=dict)
+    tls: DevCertificate | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/acp"
+
+    @property
+    def ws_url(self) -> str:
+        return f"{'wss' if self.tls else 'ws'}://127.0.0.1:{self.port}/acp"
+
+    def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings", **self.env}
+        argv = [sys.executable, "-m", "hypercorn", "--bind", "127.0.0.1:0", "--backlog", "2048"]
+        if self.tls is not None:
+            argv += ["--certfile", str(self.tls.cert), "--keyfile", str(self.tls.key)]
+        return [*argv, "demo_project.asgi:application"], ROOT, env
+
+
+_certificate: DevCertificate | None = None
+
+
+def tls_certificate() -> DevCertificate:
+    """A self-signed loopback certificate for this test run, made once, in a temporary directory
+    (never in the repository)."""
+    global _certificate
+    if _certificate is None:
+        _certificate = write_certificate(Path(tempfile.mkdtemp(prefix="acp-tls-")))
+    return _certificate
 
 
 def memory(pid: int) -> tuple[int, int]:
@@ -185,13 +238,25 @@ class RawConnection:
         self.writer = writer
 
     @classmethod
-    async def open(cls, port: int, receive_buffer: int | None = None, read_limit: int = 64 * 1024) -> RawConnection:
+    async def open(
+        cls,
+        port: int,
+        receive_buffer: int | None = None,
+        read_limit: int = 64 * 1024,
+        tls: ssl.SSLContext | None = None,
+    ) -> RawConnection:
+        """`tls`: speak TLS with this context (HTTP/1.1 inside: offer only http/1.1 by ALPN)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if receive_buffer is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-        reader, writer = await asyncio.open_connection(sock=sock, limit=read_limit)
+        if tls is None:
+            reader, writer = await asyncio.open_connection(sock=sock, limit=read_limit)
+        else:
+            reader, writer = await asyncio.open_connection(
+                sock=sock, limit=read_limit, ssl=tls, server_hostname="127.0.0.1"
+            )
         return cls(reader, writer)
 
     async def send(self, data: bytes) -> None:

@@ -11,6 +11,7 @@ context manager for sending and receiving raw JSON-RPC frames (`receive_frame()`
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias
@@ -127,6 +128,14 @@ class HttpClient:
             is fatal at once, like any other error status.
         on_retry: HTTP only; called with a `RetryEvent` before each such retry (each is also
             logged at INFO on the `acp_channels.client` logger).
+        http2: HTTP only; offer HTTP/2 on https:// URLs (through TLS ALPN: the server picks, and
+            one that does not speak it is spoken to over HTTP/1.1). All of the connection's
+            POSTs and streams then share one TCP connection. None (default): offered when the
+            `h2` package is installed (`pip install 'acp-channels[http2]'`). http:// URLs always
+            use HTTP/1.1 (docs/http2.md).
+        verify: how an https:// or wss:// server's certificate is checked: True (default) the
+            usual CAs (httpx's bundle; the system's for wss://), a CA file path (a self-signed
+            development certificate), an `ssl.SSLContext`, or False (no check: tests only).
     """
 
     def __init__(
@@ -147,6 +156,8 @@ class HttpClient:
         exact_url: bool = False,
         retry_after: RetryAfter | None = DEFAULT_RETRY_AFTER,
         on_retry: RetryCallback | None = None,
+        http2: bool | None = None,
+        verify: ssl.SSLContext | str | bool = True,
     ) -> None:
         self.url, self.kind = resolve_endpoint(url, exact=exact_url)
         headers = dict(headers or {})
@@ -180,10 +191,12 @@ class HttpClient:
                 max_message_size=max_message_size,
                 retry_after=retry_after,
                 on_retry=on_retry,
+                http2=http2,
+                verify=verify,
             )
         else:
-            if http_client is not None or stream_idle_timeout is not None:
-                raise ClientUsageError("http_client and stream_idle_timeout are for http(s):// URLs")
+            if http_client is not None or stream_idle_timeout is not None or http2 is not None:
+                raise ClientUsageError("http_client, stream_idle_timeout and http2 are for http(s):// URLs")
             self._transport = WebSocketTransport(
                 self.url,
                 headers=headers,
@@ -195,6 +208,7 @@ class HttpClient:
                 reconnect=reconnect,
                 restart=restart,
                 on_reconnect=on_reconnect,
+                verify=verify,
             )
 
     def __repr__(self) -> str:
@@ -210,6 +224,12 @@ class HttpClient:
     def connection_id(self) -> str | None:
         """`Acp-Connection-Id` of the connection (WebSocket: from the 101, when the server sent it)."""
         return self._transport.connection_id
+
+    @property
+    def http_version(self) -> str | None:
+        """HTTP only: the version the server last answered with ("HTTP/2" or "HTTP/1.1"; None
+        before the first answer, and over WebSocket)."""
+        return self._transport.http_version if isinstance(self._transport, HttpTransport) else None
 
     @property
     def error(self) -> TransportError | None:

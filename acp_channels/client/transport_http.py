@@ -36,6 +36,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -58,6 +59,7 @@ from .errors import (
     TransportError,
     TransportTimeoutError,
 )
+from .h2_transport import fair_h2_transport
 from .reconnect import (
     ReconnectCallback,
     ReconnectEvent,
@@ -71,6 +73,7 @@ from .reconnect import (
 )
 from .retry import RetryAfter, RetryCallback, RetryEvent, retry_after_seconds
 from .sse import SseParser, SseTooLarge
+from .tls import h2_available, tls_context
 
 __all__ = ["HttpTransport", "ReconnectPolicy", "StreamDrop"]
 
@@ -145,6 +148,8 @@ class HttpTransport(TransportBase):
         secrets: Iterable[str] = (),
         retry_after: RetryAfter | None = None,
         on_retry: RetryCallback | None = None,
+        http2: bool | None = None,
+        verify: ssl.SSLContext | str | bool = True,
     ) -> None:
         super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets, on_reconnect=on_reconnect)
         self._retry_after = retry_after
@@ -159,13 +164,28 @@ class HttpTransport(TransportBase):
         self._private_replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._owns_client = http_client is None
         if http_client is None:
+            if http2 is None:
+                http2 = h2_available()
+            elif http2 and not h2_available():
+                raise ClientUsageError("http2=True needs the h2 package: pip install 'acp-channels[http2]'")
+            # Over HTTP/1.1 every open stream holds a connection: no cap, or many sessions
+            # would deadlock. Over HTTP/2 (offered through ALPN on https://; otherwise HTTP/1.1)
+            # all of them share one connection, up to the server's stream limit.
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=20)
+            # True keeps httpx's own default (its CA bundle, SSL_CERT_FILE); the rest is ours.
+            context: ssl.SSLContext | bool = True if verify is True else tls_context(verify)
             http_client = httpx.AsyncClient(
                 cookies=cookies,
                 timeout=httpx.Timeout(timeout),
-                # Every open stream holds a connection: no cap, or many sessions would deadlock.
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
                 headers={"User-Agent": "acp-channels-client"},
+                transport=(
+                    fair_h2_transport(http2=True, verify=context, limits=limits)
+                    if http2
+                    else httpx.AsyncHTTPTransport(verify=context, limits=limits)
+                ),
             )
+        elif http2 is not None or verify is not True:
+            raise ClientUsageError("http2 and verify configure the client made here: set them on http_client")
         elif cookies is not None:
             http_client.cookies.update(cookies)
         self.http = http_client
@@ -179,6 +199,8 @@ class HttpTransport(TransportBase):
         self._close_done = asyncio.Event()
         self._delete_task: asyncio.Task[None] | None = None
         self.deletes_sent = 0
+        #: The HTTP version of the last answer from the server ("HTTP/2", "HTTP/1.1"; None before).
+        self.http_version: str | None = None
 
     @property
     def cookies(self) -> httpx.Cookies:
@@ -316,11 +338,13 @@ class HttpTransport(TransportBase):
     ) -> httpx.Response:
         request = self.http.request(method, self.endpoint, headers=headers, content=content, timeout=self._timeout)
         try:
-            return await self._unless_failed(request)
+            response = await self._unless_failed(request)
         except httpx.TimeoutException as exc:
             raise self._fail(TransportTimeoutError(f"{what}: no answer within {self._timeout:g}s")) from exc
         except httpx.HTTPError as exc:
             raise self._fail(NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}"))) from exc
+        self.http_version = response.http_version
+        return response
 
     def _busy_delay(
         self, what: str, response: httpx.Response, body: str, attempt: int, refused_at: float | None

@@ -25,6 +25,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
@@ -59,6 +60,7 @@ from .reconnect import (
     intercepted,
     restart_error,
 )
+from .tls import tls_context
 
 __all__ = ["RESEND_WINDOW_BYTES", "RESEND_WINDOW_MESSAGES", "WebSocketTransport"]
 
@@ -107,8 +109,11 @@ class WebSocketTransport(TransportBase):
         reconnect: ReconnectPolicy | None = None,
         restart: bool = False,
         on_reconnect: ReconnectCallback | None = None,
+        verify: ssl.SSLContext | str | bool = True,
     ) -> None:
         super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets, on_reconnect=on_reconnect)
+        #: wss:// only: the TLS context checking the server (None: websockets' default).
+        self._ssl = tls_context(verify) if endpoint.startswith("wss:") and verify is not True else None
         self._ping_interval = ping_interval
         self._subprotocols = [Subprotocol(name) for name in subprotocols]
         #: The subprotocol the server chose (None: it chose none).
@@ -170,6 +175,7 @@ class WebSocketTransport(TransportBase):
         if cookie_header and not any(name.lower() == "cookie" for name in headers):
             headers["Cookie"] = cookie_header
         what = "WebSocket reattach" if extra_headers else "WebSocket upgrade"
+        tls_option: dict[str, Any] = {} if self._ssl is None else {"ssl": self._ssl}
         try:
             socket = await connect(
                 self.endpoint,
@@ -180,6 +186,7 @@ class WebSocketTransport(TransportBase):
                 max_size=self._max_message_size,
                 ping_interval=self._ping_interval,
                 subprotocols=self._subprotocols or None,
+                **tls_option,
             )
         except InvalidStatus as exc:
             body = exc.response.body.decode(errors="replace") if exc.response.body else ""
