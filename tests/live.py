@@ -27,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -52,6 +53,17 @@ class ServerProcess:
     port: int = 0
     process: subprocess.Popen[str] | None = None
     log: list[str] = field(default_factory=list)
+
+    #: Serve https:// and wss:// with this certificate (where the server supports it).
+    tls: DevCertificate | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/acp"
+
+    @property
+    def ws_url(self) -> str:
+        return f"{'wss' if self.tls else 'ws'}://127.0.0.1:{self.port}/acp"
 
     def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
         """argv, working directory and environment."""
@@ -98,22 +110,12 @@ class ServerProcess:
 
 @dataclass
 class DaphneServer(ServerProcess):
-    """One daphne worker process serving the demo project."""
+    """One daphne worker process serving the demo project (with `tls`: https:// and wss://,
+    h2 offered through ALPN)."""
 
     listening: ClassVar[re.Pattern[str]] = LISTENING
     log_from_stderr: ClassVar[bool] = True  # Django's and our logging; not the access log
     env: dict[str, str] = field(default_factory=dict)
-
-    #: Serve https:// and wss:// (h2 offered through ALPN) with this certificate.
-    tls: DevCertificate | None = None
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/acp"
-
-    @property
-    def ws_url(self) -> str:
-        return f"{'wss' if self.tls else 'ws'}://127.0.0.1:{self.port}/acp"
 
     def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
         env = {
@@ -145,20 +147,11 @@ class DaphneServer(ServerProcess):
 
 @dataclass
 class UvicornServer(ServerProcess):
-    """One uvicorn process (uvicorn[standard]: httptools, websockets) serving the demo project."""
+    """One uvicorn process (uvicorn[standard]: httptools, websockets) serving the demo project
+    (with `tls`: https://, HTTP/1.1 only, uvicorn has no HTTP/2)."""
 
     listening: ClassVar[re.Pattern[str]] = re.compile(r"LISTENING (\d+)")
     env: dict[str, str] = field(default_factory=dict)
-    #: Serve https:// (HTTP/1.1 only: uvicorn has no HTTP/2) with this certificate.
-    tls: DevCertificate | None = None
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/acp"
-
-    @property
-    def ws_url(self) -> str:
-        return f"{'wss' if self.tls else 'ws'}://127.0.0.1:{self.port}/acp"
 
     def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings", **self.env}
@@ -177,15 +170,6 @@ class HypercornServer(ServerProcess):
 
     listening: ClassVar[re.Pattern[str]] = re.compile(r"Running on https?://[\d.]+:(\d+)")
     env: dict[str, str] = field(default_factory=dict)
-    tls: DevCertificate | None = None
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/acp"
-
-    @property
-    def ws_url(self) -> str:
-        return f"{'wss' if self.tls else 'ws'}://127.0.0.1:{self.port}/acp"
 
     def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings", **self.env}
@@ -216,6 +200,26 @@ def memory(pid: int) -> tuple[int, int]:
             if name in ("VmRSS", "VmHWM"):
                 fields[name] = int(value.split()[0]) * 1024
     return fields["VmRSS"], fields["VmHWM"]
+
+
+async def settle_paused(
+    server: ServerProcess, taken: Callable[[], Awaitable[int]], deadline: float = 30.0
+) -> tuple[int, int]:
+    """Wait until an agent flooding a client that does not read is paused and the server's memory
+    stops growing: `taken()` (the frames the agent got out) and RSS unchanged (RSS within 1 MiB)
+    over one second. Polls, as there is no event to await in another process. Returns (frames
+    taken, RSS)."""
+    assert server.process is not None
+    window: list[tuple[int, int]] = []
+    stop = time.monotonic() + deadline
+    while time.monotonic() < stop:
+        window = [*window[-4:], (await taken(), memory(server.process.pid)[0])]
+        if len(window) == 5 and len({count for count, _ in window}) == 1:
+            sizes = [size for _, size in window]
+            if max(sizes) - min(sizes) < 1024 * 1024:
+                return window[-1]
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"the server did not settle: {window}")
 
 
 def reset_peak_memory(pid: int) -> bool:

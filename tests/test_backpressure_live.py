@@ -12,11 +12,9 @@ measured), and the SSE case once under uvicorn, whose `send` waits on a paused t
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import httpx
@@ -34,6 +32,7 @@ from tests.live import (
     open_sse,
     post,
     rpc,
+    settle_paused,
 )
 
 MiB = 1024 * 1024
@@ -93,23 +92,6 @@ async def flood_counter(http: httpx.AsyncClient, url: str) -> AsyncIterator[Call
     await http.delete(url, headers={"Acp-Connection-Id": connection_id})
 
 
-async def settle(server: ServerProcess, taken: Callable[[], Awaitable[int]], deadline: float = 40.0) -> tuple[int, int]:
-    """Wait until the agent is paused and the server's memory stops growing: the flood count
-    and RSS unchanged (RSS within 1 MiB) over one second. Polls, as there is no event to await
-    in another process. Returns (frames taken, RSS)."""
-    assert server.process is not None
-    window: list[tuple[int, int]] = []
-    stop = time.monotonic() + deadline
-    while time.monotonic() < stop:
-        window = [*window[-4:], (await taken(), memory(server.process.pid)[0])]
-        if len(window) == 5 and len({count for count, _ in window}) == 1:
-            sizes = [size for _, size in window]
-            if max(sizes) - min(sizes) < MiB:
-                return window[-1]
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"the server did not settle: {window}")
-
-
 def check_flood(events: list[str]) -> None:
     """Every flood frame, once, in order, whole."""
     for n, text in enumerate(events):
@@ -133,7 +115,7 @@ async def sse_reader_that_stops_reading(server: ServerProcess, http: httpx.Async
                 http, url, rpc("flood", "test/flood", {"count": FRAMES, "size": FRAME_SIZE}), connection_id
             )
             assert response.status_code == 202, response.text
-            frames_taken, rss = await settle(server, taken)
+            frames_taken, rss = await settle_paused(server, taken, deadline=40.0)
             assert frames_taken - before_flood < FRAMES, "the agent was never paused"
             assert rss - rss_before < BUFFERED_LIMIT + SLACK, f"server grew by {(rss - rss_before) / MiB:.0f} MiB"
 
@@ -176,7 +158,7 @@ async def test_websocket_client_that_stops_reading_pauses_the_agent_daphne(
             before_flood = await taken()
             rss_before = memory(server.process.pid)[0]
             await ws.send_text(json.dumps(rpc("flood", "test/flood", {"count": FRAMES, "size": FRAME_SIZE})))
-            frames_taken, rss = await settle(server, taken)
+            frames_taken, rss = await settle_paused(server, taken, deadline=40.0)
             assert frames_taken - before_flood < FRAMES, "the agent was never paused"
             assert rss - rss_before < BUFFERED_LIMIT + SLACK, f"server grew by {(rss - rss_before) / MiB:.0f} MiB"
 

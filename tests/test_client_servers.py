@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -99,6 +100,32 @@ async def step(awaitable: Any) -> Any:
         return await awaitable
 
 
+async def first_turns(
+    conn: Any, recorder: RecordingClient, tmp_path: Path, greeting: str
+) -> tuple[str, Callable[[str], Awaitable[str]]]:
+    """initialize, session/new, an echo of `greeting`, a stream of 20 chunks of 32 characters,
+    each checked; returns the session id and `prompt(text) -> stop reason` on it."""
+    init = await step(conn.initialize(protocol_version=1))
+    assert init.protocol_version == 1
+    session = await step(conn.new_session(cwd=str(tmp_path), mcp_servers=[]))
+    sid: str = session.session_id
+
+    async def prompt(text: str) -> str:
+        response = await step(conn.prompt(session_id=sid, prompt=[acp.text_block(text)]))
+        return str(response.stop_reason)
+
+    assert await prompt(f"echo {greeting}") == "end_turn"
+    await step(recorder.settle(1))
+    assert recorder.take() == [greeting]
+
+    assert await prompt("stream 20 32") == "end_turn"
+    await step(recorder.settle(20))
+    chunks = recorder.take()
+    assert len(chunks) == 20 and all(len(chunk) == 32 for chunk in chunks)
+    assert [int(re.match(r"\d+", chunk).group()) for chunk in chunks] == list(range(20))  # type: ignore[union-attr]
+    return sid, prompt
+
+
 async def run_scenario(url: str, tmp_path: Path) -> WatchedClient:
     """initialize, session/new, then prompts: echo, stream, tool_calls, permission, fail,
     wait_for_cancel + session/cancel; then close."""
@@ -106,24 +133,7 @@ async def run_scenario(url: str, tmp_path: Path) -> WatchedClient:
     transport = WatchedClient(url, timeout=10)
     conn = acp.connect_to_agent(cast(Client, recorder), transport)
     try:
-        init = await step(conn.initialize(protocol_version=1))
-        assert init.protocol_version == 1
-        session = await step(conn.new_session(cwd=str(tmp_path), mcp_servers=[]))
-        sid = session.session_id
-
-        async def prompt(text: str) -> str:
-            response = await step(conn.prompt(session_id=sid, prompt=[acp.text_block(text)]))
-            return str(response.stop_reason)
-
-        assert await prompt("echo hello over the wire") == "end_turn"
-        await step(recorder.settle(1))
-        assert recorder.take() == ["hello over the wire"]
-
-        assert await prompt("stream 20 32") == "end_turn"
-        await step(recorder.settle(20))
-        chunks = recorder.take()
-        assert len(chunks) == 20 and all(len(chunk) == 32 for chunk in chunks)
-        assert [int(re.match(r"\d+", chunk).group()) for chunk in chunks] == list(range(20))  # type: ignore[union-attr]
+        sid, prompt = await first_turns(conn, recorder, tmp_path, "hello over the wire")
 
         assert await prompt("tool_calls") == "end_turn"
         await step(recorder.settle(1, statuses=3))

@@ -31,10 +31,9 @@ from h2.settings import SettingCodes
 from acp_channels.client import HttpClient
 from tests.h2raw import H2Stream, RawH2
 from tests.live import DaphneServer, HypercornServer, UvicornServer, tls_certificate
-from tests.test_client_servers import RecordingClient
+from tests.test_client_servers import RecordingClient, first_turns, step
 
 pytestmark = pytest.mark.timeout(60)
-STEP = 20.0
 TOKEN = "h2-test-token-0123456789"
 
 
@@ -78,11 +77,6 @@ def hypercorn_plain() -> Iterator[HypercornServer]:
     server.stop()
 
 
-async def step(awaitable: Any) -> Any:
-    async with asyncio.timeout(STEP):
-        return await awaitable
-
-
 async def whole_session(transport: Any, tmp_path: Path) -> None:
     """initialize, session/new, prompts (echo, a stream of chunks, a permission request), then
     close: every kind of traffic the transport carries (POST answers, both kinds of stream, the
@@ -90,21 +84,7 @@ async def whole_session(transport: Any, tmp_path: Path) -> None:
     recorder = RecordingClient()
     conn = acp.connect_to_agent(cast(Client, recorder), transport)
     try:
-        init = await step(conn.initialize(protocol_version=1))
-        assert init.protocol_version == 1
-        session = await step(conn.new_session(cwd=str(tmp_path), mcp_servers=[]))
-        sid = session.session_id
-
-        async def prompt(text: str) -> str:
-            response = await step(conn.prompt(session_id=sid, prompt=[acp.text_block(text)]))
-            return str(response.stop_reason)
-
-        assert await prompt("echo hello over h2") == "end_turn"
-        await step(recorder.settle(1))
-        assert recorder.take() == ["hello over h2"]
-        assert await prompt("stream 20 32") == "end_turn"
-        await step(recorder.settle(20))
-        assert len(recorder.take()) == 20
+        _, prompt = await first_turns(conn, recorder, tmp_path, "hello over h2")
         assert await prompt("permission") == "end_turn"
         assert recorder.permissions == [["allow", "reject"]]
         await step(recorder.settle(1))

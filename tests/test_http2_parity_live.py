@@ -26,7 +26,7 @@ import pytest
 
 from acp_channels.limits import BODY_TOO_LARGE
 from tests.h2raw import H2Stream, RawH2
-from tests.live import DaphneServer, RawConnection, RawSse, RawWebSocket, memory, rpc, tls_certificate
+from tests.live import DaphneServer, RawConnection, RawSse, RawWebSocket, memory, rpc, settle_paused, tls_certificate
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -290,22 +290,6 @@ async def flood_counter(http: httpx.AsyncClient, url: str) -> AsyncIterator[Call
     await http.delete(url, headers={**AUTH, "Acp-Connection-Id": connection_id})
 
 
-async def settle(server: DaphneServer, taken: Callable[[], Awaitable[int]], deadline: float = 30.0) -> tuple[int, int]:
-    """Wait until the agent is paused and the server's memory stops growing (polled: another
-    process). Returns (frames taken, RSS)."""
-    assert server.process is not None
-    window: list[tuple[int, int]] = []
-    stop = time.monotonic() + deadline
-    while time.monotonic() < stop:
-        window = [*window[-4:], (await taken(), memory(server.process.pid)[0])]
-        if len(window) == 5 and len({count for count, _ in window}) == 1:
-            sizes = [size for _, size in window]
-            if max(sizes) - min(sizes) < MiB:
-                return window[-1]
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"the server did not settle: {window}")
-
-
 def check_flood(events: list[str]) -> None:
     """The flood's reply, then every frame once, in order, whole."""
     assert json.loads(events[0]) == {"jsonrpc": "2.0", "id": "flood", "result": {"ok": True}}
@@ -344,7 +328,7 @@ async def test_unread_stream_pauses_its_agent_and_the_connections_other_streams_
         before = await taken()
         rss_before = memory(server.process.pid)[0]
         await raw_post(raw, server.port, flooded, rpc("flood", "test/flood", {"count": FRAMES, "size": FRAME_SIZE}))
-        frames_taken, rss = await settle(server, taken)
+        frames_taken, rss = await settle_paused(server, taken)
         assert frames_taken - before < FRAMES, "the agent was never paused"
         assert rss - rss_before < BUFFERED_LIMIT + SLACK, f"server grew by {(rss - rss_before) / MiB:.0f} MiB"
         # The neighbour on the same TCP connection is not held up.
@@ -380,7 +364,7 @@ async def test_client_that_stops_reading_the_socket_with_huge_windows_does_not_g
             flood = rpc("flood", "test/flood", {"count": FRAMES, "size": FRAME_SIZE})
             headers = {**JSON, **AUTH, "Acp-Connection-Id": connection_id}
             assert (await http.post(server.url, headers=headers, json=flood)).status_code == 202
-            frames_taken, rss = await settle(server, taken)
+            frames_taken, rss = await settle_paused(server, taken)
             assert frames_taken - before < FRAMES, "the agent was never paused"
             assert rss - rss_before < BUFFERED_LIMIT + SLACK, f"server grew by {(rss - rss_before) / MiB:.0f} MiB"
             raw.resume_reading()
@@ -424,7 +408,7 @@ async def test_http11_readers_over_tls_that_stop_reading_pause_the_agent(
             assert (
                 await http.post(server.url, headers=headers, json=rpc("flood", "test/flood", flood))
             ).status_code == 202
-            frames_taken, rss = await settle(server, taken)
+            frames_taken, rss = await settle_paused(server, taken)
             assert frames_taken - before < FRAMES, "the SSE reader's agent was never paused"
             assert rss - rss_before < BUFFERED_LIMIT + SLACK, f"server grew by {(rss - rss_before) / MiB:.0f} MiB"
             check_flood([await sse.next_event() or "" for _ in range(FRAMES + 1)])
@@ -446,7 +430,7 @@ async def test_http11_readers_over_tls_that_stop_reading_pause_the_agent(
             before = await taken()
             rss_before = memory(server.process.pid)[0]
             await ws.send_text(json.dumps(rpc("flood", "test/flood", flood)))
-            frames_taken, rss = await settle(server, taken)
+            frames_taken, rss = await settle_paused(server, taken)
             assert frames_taken - before < FRAMES, "the WebSocket's agent was never paused"
             assert rss - rss_before < BUFFERED_LIMIT + SLACK, f"server grew by {(rss - rss_before) / MiB:.0f} MiB"
             check_flood([await ws.receive() or "" for _ in range(FRAMES + 1)])

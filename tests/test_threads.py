@@ -58,5 +58,7 @@ async def test_a_hundred_posts_and_twenty_streams_start_no_thread(
             for index in range(10):
                 assert (await post(http, url, rpc(index, "custom/ping"), connection_id)).status_code == 202
     started = last_pid() - before
-    # Django's own handler: two threads per request, 240 here; the rest of the machine, a few.
-    assert started < 24, f"{started} threads or processes started during 120 requests"
+    # Django's own handler: two threads per request, 240 here; one per request would be 120. The
+    # count is machine-wide: other work (a parallel test run) started 26 here once, so the bar is
+    # half of one per request.
+    assert started < 60, f"{started} threads or processes started during 120 requests"
