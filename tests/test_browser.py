@@ -522,6 +522,29 @@ def test_a_dropped_connection_resumes_and_shows_reconnecting(demo: Demo, server:
         expect(pane.locator(".message.agent").last).to_have_text("after the drop")
 
 
+def test_a_prompt_lost_with_the_socket_is_sent_again_and_answered_once(demo: Demo, server: DaphneServer) -> None:
+    """The socket dies right as the page sends a prompt, before the server gets it (the proxy
+    swallows the frame, then cuts): the reattached socket's first message says what the server
+    has, so the page sends the prompt again, and its answer arrives exactly once."""
+    with (cutter := ThreadedCutProxy(server.port)) as proxy:
+        demo.open(proxy.port).connect()
+        demo.expect_connected("websocket")
+        pane = demo.new_session()
+        cut = cutter.cut_before_text_frame()
+        demo.prompt(pane, "echo before the drop")
+        cut.result(TIMEOUT_MS / 1000)  # the prompt never reached the server on that socket
+        demo.page.wait_for_function("window.__states.includes('reconnecting')")
+        demo.expect_turn(pane, "end_turn")
+        expect(demo.page.locator("#state")).to_have_attribute("data-state", "connected")
+        # A second turn after it: a duplicate of the first would have been answered by then.
+        demo.prompt(pane, "echo after the drop")
+        expect(pane.locator(".message.agent").last).to_have_text("after the drop")
+        demo.expect_turn(pane, "end_turn")
+        answers = pane.locator(".message.agent").all_inner_texts()
+        assert answers == ["before the drop", "after the drop"], answers
+        assert len([c for c in proxy.connections if c.websocket]) == 2  # one reattach, no more
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_another_origin_that_is_allowed_connects(
     demo: Demo, page_server: DaphneServer, cors_server: DaphneServer, transport: str
