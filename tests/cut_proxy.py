@@ -414,6 +414,16 @@ class ThreadedCutProxy:
         cut = self._run(armed())
         return asyncio.run_coroutine_threadsafe(self._wait(cut), self._loop)
 
+    def route_to(self, *upstreams: int) -> None:
+        """`CutProxy.route_to`, on the proxy's loop."""
+        assert self.proxy is not None
+        proxy = self.proxy
+
+        async def route() -> None:
+            proxy.route_to(*upstreams)
+
+        self._run(route())
+
     @staticmethod
     async def _wait(future: asyncio.Future[T]) -> T:
         return await future
