@@ -69,6 +69,7 @@ REATTACH_INCOMPLETE = (
 )
 LAST_EVENT_ID_NOT_A_COUNT = "Last-Event-ID of a WebSocket is the number of messages received"
 NOT_A_WEBSOCKET = "Acp-Connection-Id names a connection that has no WebSocket"
+RECEIVED_OPTION_UNKNOWN = f"{protocol.RECEIVED_QUERY} is {protocol.RECEIVED_AS_MESSAGE!r} or absent"
 SHUTTING_DOWN = "this server is shutting down; connect again"
 LAYER_UNAVAILABLE = "the channel layer is unavailable; try again"
 AGENT_BUSY = "the connection's worker did not answer in time; try again"
@@ -84,17 +85,35 @@ class Reattach:
 
     connection_id: str | None
     last_event_id: str | None
+    #: The connection id came from the query: a browser, which cannot read the 101's
+    #: Acp-Received, so the count comes as the first message too.
+    browser_form: bool = False
+    #: `acp_received` from the query (any client may ask for the message), validated on use.
+    received_option: str | None = None
+
+    @property
+    def wants_received_message(self) -> bool:
+        return self.browser_form or self.received_option == protocol.RECEIVED_AS_MESSAGE
 
 
 def reattach_request(context: RequestContext) -> Reattach | None:
     """The connection and last message an upgrade names, from its headers or (browsers, which
     cannot set headers on a WebSocket) its query; None for a plain new socket."""
     query = parse_qs(bytes(context.scope.get("query_string", b"")).decode("latin-1"))
-    connection_id = context.header(protocol.CONNECTION_HEADER) or _first(query, "acp_connection_id")
+    header_connection_id = context.header(protocol.CONNECTION_HEADER)
+    connection_id = header_connection_id or _first(query, "acp_connection_id")
     last_event_id = context.header(protocol.LAST_EVENT_ID_HEADER) or _first(query, "last_event_id")
     if connection_id is None and last_event_id is None:
         return None
-    return Reattach(connection_id, last_event_id)
+    browser_form = not header_connection_id and connection_id is not None
+    return Reattach(connection_id, last_event_id, browser_form, _first(query, protocol.RECEIVED_QUERY))
+
+
+def received_message(received: int) -> str:
+    """The first text message on a reattached socket that asked for it: Acp-Received for a
+    client that cannot read the 101. A notification outside the server's numbering."""
+    notification = {"jsonrpc": protocol.JSONRPC_VERSION, "method": protocol.RECEIVED_NOTIFICATION}
+    return protocol.dumps({**notification, "params": {"received": received}})
 
 
 def _first(query: dict[str, list[str]], name: str) -> str | None:
@@ -160,6 +179,9 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         if not last.isdigit() or len(last) > 18:
             await self.refuse(400, LAST_EVENT_ID_NOT_A_COUNT, subprotocol)
             return
+        if request.received_option not in (None, protocol.RECEIVED_AS_MESSAGE):
+            await self.refuse(400, RECEIVED_OPTION_UNKNOWN, subprotocol)
+            return
         handle = locate(connection_id, principal)
         try:
             if handle is None:  # unknown, or another principal's: the same answer
@@ -192,18 +214,32 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             socket.received,
         )
         received_header = (protocol.RECEIVED_HEADER.encode(), str(socket.received).encode())
-        await self.attach(socket, connection_id, subprotocol, [received_header])
+        first = received_message(socket.received) if request.wants_received_message else None
+        await self.attach(socket, connection_id, subprotocol, [received_header], first)
 
     async def attach(
-        self, socket: SocketAttachment, connection_id: str, subprotocol: str | None, headers: list[tuple[bytes, bytes]]
+        self,
+        socket: SocketAttachment,
+        connection_id: str,
+        subprotocol: str | None,
+        headers: list[tuple[bytes, bytes]],
+        first_message: str | None = None,
     ) -> None:
         """Accept (the connection id on the 101, under daphne through acp_channels.daphne_compat)
-        and start writing the agent's messages."""
+        and start writing the agent's messages, after `first_message` when there is one (sent
+        here, outside the host's numbering: it is never replayed nor counted)."""
         self.socket = socket
         metrics.record_stream_opened("websocket")  # closed in disconnect(), which sees self.socket
         self.connection_id = connection_id
         connection_header = (protocol.CONNECTION_HEADER.encode(), connection_id.encode())
         await self.accept(subprotocol, headers=[connection_header, *headers])
+        if first_message is not None:
+            # Before the writer starts, so it is the first text message on the socket. A client
+            # gone meanwhile (uvicorn raises): disconnect() follows and detaches.
+            try:
+                await self.send(text_data=first_message)
+            except OSError:
+                return
         self.writer = asyncio.create_task(self.write_outbound(socket, connection_id))
 
     async def refuse(self, status: int, text: str, subprotocol: str | None = None) -> None:

@@ -534,7 +534,8 @@ def resume_capabilities() -> dict[str, Any]:
 def advertise_resume(reply: protocol.Message, connection_id: str | None = None) -> None:
     """Add what the server supports for resuming streams to an initialize result's `_meta`
     (next to what the agent put there). A WebSocket's reply also names its connection: a browser
-    cannot read the 101's `Acp-Connection-Id`, and needs the id to reattach."""
+    cannot read the 101's `Acp-Connection-Id`, and needs the id to reattach; and the method of the
+    message that tells a reattached browser socket how many of its messages the server has."""
     result = reply.get("result")
     if isinstance(result, dict):
         meta = result.get("_meta")
@@ -543,6 +544,8 @@ def advertise_resume(reply: protocol.Message, connection_id: str | None = None) 
         capabilities = resume_capabilities()
         if connection_id is not None:
             capabilities["connectionId"] = connection_id
+            # A browser reattaches in the query form, and learns Acp-Received from this message.
+            capabilities["receivedNotification"] = protocol.RECEIVED_NOTIFICATION
         meta[RESUME_META_KEY] = capabilities
 
 

@@ -26,6 +26,12 @@ SESSION_HEADER: Final = "acp-session-id"
 LAST_EVENT_ID_HEADER: Final = "last-event-id"
 #: On a reattached WebSocket's 101: how many messages the server received from the client.
 RECEIVED_HEADER: Final = "acp-received"
+#: The same count as the first text message on a reattached WebSocket, for browsers (which cannot
+#: read the 101's headers): sent for a reattach in the query form, or one that asks with
+#: `?acp_received=message`. Not numbered among the server's messages, never replayed.
+RECEIVED_NOTIFICATION: Final = "_acp-channels/received"
+RECEIVED_QUERY: Final = "acp_received"
+RECEIVED_AS_MESSAGE: Final = "message"
 
 JSONRPC_VERSION: Final = "2.0"
 PARSE_ERROR: Final = -32700

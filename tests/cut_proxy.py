@@ -9,6 +9,11 @@ way a network does, at a moment it chooses.
 * `cut(where)` aborts matching connections now; `cut_after(n, where)` arms a cut that fires
   once a matching connection has carried `n` more bytes towards the client, in the middle of
   whatever it is carrying (an SSE event, a WebSocket frame);
+* `cut_before_text_frame(where)` arms a cut that fires when a matching WebSocket next carries a
+  text frame towards the server: that frame is swallowed (the server never gets it) and the
+  connection cut, as when a client's last message dies with the network (control frames, a
+  browser's pongs, pass; a frame is recognised by the first byte of a read, which holds for the
+  small frames tests send);
 * `keep_upstream=True` leaves the server's side open (it believes its reader is still there,
   as when a network path dies silently), so the client's retry must take the stream over.
 
@@ -19,6 +24,7 @@ for synchronous tests (`ThreadedCutProxy`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import threading
@@ -28,6 +34,8 @@ from typing import Any, Self, TypeVar
 
 T = TypeVar("T")
 _READ = 65536
+_OPCODE_MASK = 0x0F
+_TEXT_OPCODE = 0x1
 
 
 @dataclass
@@ -160,6 +168,7 @@ class CutProxy:
         self.cuts = 0
         self._numbers = itertools.count(1)
         self._armed: list[_ArmedCut] = []
+        self._armed_up: list[tuple[Where, asyncio.Future[ProxiedConnection]]] = []
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Condition()
@@ -200,6 +209,8 @@ class CutProxy:
                 task.cancel()
         for armed in self._armed:
             armed.done.cancel()
+        for _, done in self._armed_up:
+            done.cancel()
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -227,6 +238,23 @@ class CutProxy:
         done: asyncio.Future[ProxiedConnection] = asyncio.get_running_loop().create_future()
         self._armed.append(_ArmedCut(after, where, keep_upstream, done))
         return done
+
+    def cut_before_text_frame(self, where: Where = websocket) -> asyncio.Future[ProxiedConnection]:
+        """Arm a cut: the next text frame the client sends on a WebSocket `where` selects is
+        dropped, not forwarded, and the connection cut there. The future gives it."""
+        done: asyncio.Future[ProxiedConnection] = asyncio.get_running_loop().create_future()
+        self._armed_up.append((where, done))
+        return done
+
+    def _take_armed_up(self, connection: ProxiedConnection, data: bytes) -> asyncio.Future[ProxiedConnection] | None:
+        if not connection.websocket or not data or data[0] & _OPCODE_MASK != _TEXT_OPCODE:
+            return None
+        for armed in self._armed_up:
+            where, done = armed
+            if not done.done() and where(connection):
+                self._armed_up.remove(armed)
+                return done
+        return None
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         """Wait until `predicate()` holds (checked whenever a request or a connection passes)."""
@@ -290,6 +318,10 @@ class CutProxy:
         try:
             while data := await reader.read(_READ):
                 if connection.cut:
+                    return
+                if (armed_up := self._take_armed_up(connection, data)) is not None:
+                    self._abort(connection, keep_upstream=False)
+                    armed_up.set_result(connection)
                     return
                 before = len(connection.requests)
                 parser.feed(data)
@@ -370,6 +402,31 @@ class ThreadedCutProxy:
             return proxy.cut(where, keep_upstream=keep_upstream)
 
         return self._run(cut())
+
+    def cut_before_text_frame(self, where: Where = websocket) -> concurrent.futures.Future[ProxiedConnection]:
+        """`CutProxy.cut_before_text_frame`, armed from the test's thread; wait on the future."""
+        assert self.proxy is not None
+        proxy = self.proxy
+
+        async def armed() -> asyncio.Future[ProxiedConnection]:
+            return proxy.cut_before_text_frame(where)
+
+        cut = self._run(armed())
+        return asyncio.run_coroutine_threadsafe(self._wait(cut), self._loop)
+
+    def route_to(self, *upstreams: int) -> None:
+        """`CutProxy.route_to`, on the proxy's loop."""
+        assert self.proxy is not None
+        proxy = self.proxy
+
+        async def route() -> None:
+            proxy.route_to(*upstreams)
+
+        self._run(route())
+
+    @staticmethod
+    async def _wait(future: asyncio.Future[T]) -> T:
+        return await future
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         """`CutProxy.wait_for`, from the test's thread."""

@@ -28,6 +28,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, Playwright, Request, expect, sync_playwright
 
+from tests.cluster import Cluster, RedisServer
 from tests.cut_proxy import ThreadedCutProxy, streams
 from tests.live import ROOT, DaphneServer
 
@@ -85,6 +86,15 @@ def serve(env: dict[str, str] | None = None) -> Iterator[DaphneServer]:
 def server() -> Iterator[DaphneServer]:
     """The demo as `./dev.sh demo` serves it: anonymous, no CORS list."""
     yield from serve()
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_server: RedisServer) -> Iterator[Cluster]:
+    """The demo on three workers sharing Redis (tests/cluster.py)."""
+    started = Cluster(redis_server).start()
+    yield started
+    started.stop()
+    assert started.errors() == []
 
 
 @pytest.fixture(scope="module")
@@ -520,6 +530,41 @@ def test_a_dropped_connection_resumes_and_shows_reconnecting(demo: Demo, server:
         demo.prompt(pane, "echo after the drop")
         demo.expect_turn(pane, "end_turn")
         expect(pane.locator(".message.agent").last).to_have_text("after the drop")
+
+
+@pytest.mark.parametrize("shape", ["one-worker", "three-workers"])
+def test_a_prompt_lost_with_the_socket_is_sent_again_and_answered_once(
+    demo: Demo, request: pytest.FixtureRequest, shape: str
+) -> None:
+    """The socket dies right as the page sends a prompt, before the server gets it (the proxy
+    swallows the frame, then cuts): the reattached socket's first message says what the server
+    has, so the page sends the prompt again, and its answer arrives exactly once. On three
+    workers the reattach lands on another worker than the connection's host."""
+    if shape == "one-worker":
+        server: DaphneServer = request.getfixturevalue("server")
+        host_port, reattach_port = server.port, server.port
+    else:
+        workers = request.getfixturevalue("cluster").workers
+        host_port, reattach_port = workers[0].port, workers[1].port
+    with (cutter := ThreadedCutProxy(host_port)) as proxy:
+        demo.open(proxy.port).connect()
+        demo.expect_connected("websocket")
+        pane = demo.new_session()
+        cutter.route_to(reattach_port)  # the socket stays where it is; the next one goes there
+        cut = cutter.cut_before_text_frame()
+        demo.prompt(pane, "echo before the drop")
+        cut.result(TIMEOUT_MS / 1000)  # the prompt never reached the server on that socket
+        demo.page.wait_for_function("window.__states.includes('reconnecting')")
+        demo.expect_turn(pane, "end_turn")
+        expect(demo.page.locator("#state")).to_have_attribute("data-state", "connected")
+        # A second turn after it: a duplicate of the first would have been answered by then.
+        demo.prompt(pane, "echo after the drop")
+        expect(pane.locator(".message.agent").last).to_have_text("after the drop")
+        demo.expect_turn(pane, "end_turn")
+        answers = pane.locator(".message.agent").all_inner_texts()
+        assert answers == ["before the drop", "after the drop"], answers
+        sockets = [connection.upstream for connection in proxy.connections if connection.websocket]
+        assert sockets == [host_port, reattach_port]  # one reattach, no more, where it was sent
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -18,7 +18,8 @@ from channels.layers import InMemoryChannelLayer, channel_layers
 from channels.testing import WebsocketCommunicator
 
 from acp_channels.agents import AgentClosed
-from acp_channels.consumers import AcpWebsocketConsumer
+from acp_channels.auth import RequestContext
+from acp_channels.consumers import AcpWebsocketConsumer, Reattach, reattach_request
 from acp_channels.host import ConnectionHost, StreamBusy, registry
 from acp_channels.protocol import Single
 from acp_channels.routing import build_asgi_application
@@ -366,6 +367,64 @@ async def test_a_dropped_socket_leaves_the_connection_waiting_for_a_reattach(app
         assert await received_frames(resumed) == [rpc(1, "before/drop"), rpc(2, "after/reattach")]
         await resumed.disconnect(code=1000, timeout=TIMEOUT)  # a clean close ends it
     assert host.ended.is_set() and host.end_reason == "socket closed"
+
+
+@pytest.mark.parametrize(
+    ("headers", "query", "expected", "wants_message"),
+    [
+        ({"acp-connection-id": "c", "last-event-id": "2"}, b"", Reattach("c", "2"), False),
+        ({}, b"acp_connection_id=c&last_event_id=2", Reattach("c", "2", browser_form=True), True),
+        # A header wins over its parameter: that is the header form.
+        ({"acp-connection-id": "h", "last-event-id": "2"}, b"acp_connection_id=q", Reattach("h", "2"), False),
+        (
+            {"acp-connection-id": "c", "last-event-id": "2"},
+            b"acp_received=message",
+            Reattach("c", "2", received_option="message"),
+            True,
+        ),
+        (
+            {"acp-connection-id": "c", "last-event-id": "2"},
+            b"acp_received=no",
+            Reattach("c", "2", received_option="no"),
+            False,
+        ),
+        ({}, b"acp_received=message", None, False),  # a new socket: nothing to report
+    ],
+)
+def test_which_reattaches_get_acp_received_as_a_message(
+    headers: dict[str, str], query: bytes, expected: Reattach | None, wants_message: bool
+) -> None:
+    scope = {
+        "type": "websocket",
+        "query_string": query,
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+    }
+    request = reattach_request(RequestContext.for_websocket(scope))
+    assert request == expected
+    assert (request is not None and request.wants_received_message) is wants_message
+
+
+async def test_a_browser_reattach_hears_acp_received_before_anything_else(application: Any) -> None:
+    async with connected(application) as (communicator, connection_id):
+        await communicator.send_json_to(rpc(1, "test/burst", {"count": 3}))
+        assert (await receive(communicator))["params"]["n"] == 0
+        await communicator.disconnect(code=ABNORMAL_CLOSURE, timeout=TIMEOUT)
+    browser = communicator_for(application)
+    browser.scope["query_string"] = f"acp_connection_id={connection_id}&last_event_id=1".encode()
+    async with connected_communicator(browser) as (resumed, _):
+        assert await receive(resumed) == notification("_acp-channels/received", {"received": 1})
+        assert [(await receive(resumed))["params"]["n"] for _ in range(2)] == [1, 2]  # then message 2, as before
+        assert (await receive(resumed))["id"] == 1
+        await resumed.disconnect(code=1000, timeout=TIMEOUT)
+    refused = reattach_communicator(application, "any", "0")
+    refused.scope["query_string"] = b"acp_received=header"
+    assert (await refused.connect(TIMEOUT))[0]
+    assert await refused.receive_output(TIMEOUT) == {
+        "type": "websocket.close",
+        "code": 4400,
+        "reason": "acp_received is 'message' or absent",
+    }
+    await refused.disconnect(timeout=TIMEOUT)
 
 
 async def test_with_no_grace_period_a_dropped_socket_ends_the_connection(application: Any, settings: Any) -> None:

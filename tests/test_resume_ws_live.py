@@ -2,7 +2,8 @@
 behind the balancer (each socket a new TCP connection, so a reattached socket lands on another
 worker than the one hosting its connection): a socket that drops without a close frame leaves its
 connection alive; a new upgrade naming the connection and the count of messages received gets
-the rest, then live ones, and says how many client messages the server has; a socket the server
+the rest, then live ones, and says how many client messages the server has (on the 101, and for
+browsers as a first message outside the numbering); a socket the server
 still believes attached is taken over (4409); reattaches that cannot resume are refused with an
 HTTP status before the upgrade; a clean close ends the connection at once, and the grace period
 ends an abandoned one.
@@ -44,6 +45,8 @@ RESUME_META = {
     "windowBytes": 2 * 1024 * 1024,
     "websocketResumeSeconds": 60.0,
 }
+#: What a reattached socket's first message is when the client asks for Acp-Received as one.
+RECEIVED_METHOD = "_acp-channels/received"
 
 
 @pytest.fixture(scope="module", params=SHAPES)
@@ -127,6 +130,18 @@ async def receive(ws: ClientConnection) -> Any:
 
 async def send(ws: ClientConnection, message: Any) -> None:
     await asyncio.wait_for(ws.send(json.dumps(message)), TIMEOUT)
+
+
+async def received_message(ws: ClientConnection) -> int:
+    """The count of the `_acp-channels/received` notification, which must come first."""
+    message = await receive(ws)
+    assert message == {
+        "jsonrpc": "2.0",
+        "method": RECEIVED_METHOD,
+        "params": {"received": message["params"]["received"]},
+    }
+    received: int = message["params"]["received"]
+    return received
 
 
 def item_number(message: Any) -> int:
@@ -292,7 +307,13 @@ async def test_initialize_over_websocket_advertises_resumption(wire_server: Daph
         reply = await receive(ws)
         assert reply["result"]["protocolVersion"] == 1  # the agent's result, with the server's _meta
         # With the connection's id: a browser cannot read the 101's Acp-Connection-Id.
-        assert reply["result"]["_meta"] == {"acp-channels/resume": {**RESUME_META, "connectionId": connection_of(ws)}}
+        assert reply["result"]["_meta"] == {
+            "acp-channels/resume": {
+                **RESUME_META,
+                "connectionId": connection_of(ws),
+                "receivedNotification": RECEIVED_METHOD,
+            }
+        }
         await send(ws, rpc(1, "not/initialize"))
         assert "_meta" not in json.dumps(await receive(ws))
     finally:
@@ -439,7 +460,63 @@ async def test_browsers_reattach_with_query_parameters(wire_server: DaphneServer
     ws = await open_socket(f"{url}?acp_connection_id={connection_id}&last_event_id={len(seen)}")
     try:
         assert ws.response is not None and ws.response.headers["acp-received"] == "1"
+        assert await received_message(ws) == 1  # a browser cannot read the header
         seen += await items_until_reply(ws, 1)
         assert seen == list(range(5))
+    finally:
+        await ws.close()
+
+
+@wire_log_clean
+async def test_a_browser_reattach_gets_acp_received_first_and_the_numbering_is_unchanged(
+    wire_server: DaphneServer | Cluster,
+) -> None:
+    """The query form gets the count as a first message, which the server does not number: a
+    later reattach after the messages counted without it resumes right after them. On three
+    workers each socket is on another worker, the second and third on neither the host's."""
+    ws = await open_socket(on_worker(wire_server, 0))
+    connection_id = connection_of(ws)
+    for number in (1, 2, 3):
+        await send(ws, rpc(number, "custom/numbered"))
+        assert (await receive(ws))["id"] == number
+    await send(ws, rpc(4, "test/burst", {"count": 6}))
+    seen = [item_number(await receive(ws)) for _ in range(2)]
+    received = 3 + len(seen)
+    await drop(ws)
+    ws = await open_socket(f"{on_worker(wire_server, 1)}?acp_connection_id={connection_id}&last_event_id={received}")
+    assert ws.response is not None and ws.response.headers["acp-received"] == "4"
+    assert await received_message(ws) == 4
+    seen += [item_number(await receive(ws)) for _ in range(2)]  # messages 6 and 7: items 2 and 3
+    received += 2
+    await drop(ws)
+    # The header form, as before: no such message, and the next one is message `received` + 1.
+    ws, acknowledged = await reattach(on_worker(wire_server, 2), connection_id, received)
+    try:
+        assert acknowledged == 4
+        seen += await items_until_reply(ws, 4)  # item_number refuses anything but an item
+        assert seen == list(range(6))
+    finally:
+        await ws.close()
+
+
+@wire_log_clean
+async def test_a_client_may_ask_for_acp_received_as_a_message(wire_server: DaphneServer | Cluster) -> None:
+    ws = await open_socket(on_worker(wire_server, 0))
+    connection_id = connection_of(ws)
+    await send(ws, rpc(1, "custom/numbered"))
+    assert (await receive(ws))["id"] == 1
+    await drop(ws)
+    url = on_worker(wire_server, 1)
+    with pytest.raises(InvalidStatus) as refused:
+        await (
+            await open_socket(f"{url}?acp_received=yes", {"Acp-Connection-Id": connection_id, "Last-Event-ID": "1"})
+        ).close()
+    assert refused.value.response.status_code == 400
+    assert (refused.value.response.body or b"").decode() == "acp_received is 'message' or absent"
+    ws = await open_socket(f"{url}?acp_received=message", {"Acp-Connection-Id": connection_id, "Last-Event-ID": "1"})
+    try:
+        assert await received_message(ws) == 1
+        await send(ws, rpc(2, "after/reattach"))
+        assert (await receive(ws))["id"] == 2
     finally:
         await ws.close()

@@ -17,6 +17,9 @@ export const RESUME_META_KEY = "acp-channels/resume";
 /** Session streams held open at once over HTTP/1.1 (the browser allows about six connections per
  * origin: this many, the connection stream and one left for the POSTs). */
 export const DEFAULT_MAX_SESSION_STREAMS = 4;
+/** Messages sent on WebSockets and kept until the server is known to have them (to send them
+ * again after a reattach): beyond this many the oldest are let go. */
+export const MAX_UNCONFIRMED_MESSAGES = 1024;
 
 /**
  * @typedef {"websocket" | "http"} Transport
@@ -26,6 +29,10 @@ export const DEFAULT_MAX_SESSION_STREAMS = 4;
  *             result?: any, error?: { code: number, message: string, data?: any } }} Message
  * @typedef {{ key: string, controller: AbortController, openedAt: number, lastActivity: number,
  *             opened: Promise<void> }} StreamState one SSE stream ("" is the connection stream)
+ * @typedef {{ text: string, requestId: string | null }} Outgoing a message for the socket (with
+ *   its id when it is a request: its reply proves the server has it, and what came before)
+ * @typedef {Outgoing & { number: number }} SentMessage one sent on a socket, numbered from 1
+ *   across the connection's sockets (the server counts the ones it received the same way)
  * @typedef {object} AcpClientOptions
  * @property {string} [url] the endpoint, absolute or relative to the page (default "/acp")
  * @property {Transport} [transport] "websocket" (default) or "http" (HTTP+SSE over fetch)
@@ -282,6 +289,7 @@ export class AcpClient extends EventTarget {
           this.dispatchEvent(new CustomEvent("update", { detail: { sessionId, update: message.params.update } }));
         }
       } else if (message.id !== undefined && message.id !== null) {
+        this.#confirmedBy(String(message.id));
         const error = message.error
           ? new AcpError(message.error.message ?? "error", { kind: "rpc", code: message.error.code, data: message.error.data })
           : null;
@@ -750,8 +758,15 @@ export class AcpClient extends EventTarget {
   #socket = null;
   /** text messages received on this connection's sockets (to reattach after them) */
   #received = 0;
-  /** @type {string[]} messages sent while no socket was open: sent once one is */
+  /** @type {Outgoing[]} messages sent while no socket could take them: sent once one can */
   #outbox = [];
+  /** text messages handed to this connection's sockets (the client's numbering) */
+  #sent = 0;
+  /** @type {SentMessage[]} sent on a socket, not yet known to have reached the server */
+  #unconfirmed = [];
+  /** @type {WebSocket | null} a reattached socket whose first message, the server's count of
+   * what it received from us, has not arrived yet: new messages wait in the outbox meanwhile */
+  #awaitingReceived = null;
 
   #socketUrl(query = "") {
     const url = new URL(this.url);
@@ -787,27 +802,84 @@ export class AcpClient extends EventTarget {
     });
   }
 
-  /** @param {WebSocket} socket */
-  #attachSocket(socket) {
+  /**
+   * Carry the connection on `socket`. A reattached one (`reattached`) first hears how many of our
+   * messages the server has (a browser cannot read the 101's Acp-Received): those after it are
+   * sent again, in order, then what waited in the outbox.
+   * @param {WebSocket} socket @param {boolean} [reattached]
+   */
+  #attachSocket(socket, reattached = false) {
     this.#socket = socket;
+    const told = this.initializeResult?._meta?.[RESUME_META_KEY]?.receivedNotification;
+    this.#awaitingReceived = reattached && typeof told === "string" ? socket : null;
     socket.addEventListener("message", (event) => {
       if (this.#socket !== socket || typeof event.data !== "string") return; // binary: not counted
-      this.#received += 1;
-      this.#save();
       let frame;
       try {
         frame = JSON.parse(event.data);
       } catch {
-        return;
+        frame = undefined;
       }
-      this.#dispatch(frame);
+      if (this.#awaitingReceived === socket) {
+        this.#awaitingReceived = null;
+        const received = frame?.method === told ? frame?.params?.received : undefined;
+        // Not one of the server's numbered messages: neither counted nor the page's.
+        if (Number.isSafeInteger(received)) return this.#sendAfterReceived(socket, received);
+        this.#flushOutbox(socket); // a server that does not say: what is queued goes now
+      }
+      this.#received += 1;
+      this.#save();
+      if (frame !== undefined) this.#dispatch(frame);
     });
     socket.addEventListener("close", (event) => {
       if (this.#socket !== socket) return;
       this.#socket = null;
+      this.#awaitingReceived = null;
       this.#socketClosed(event.code, event.reason);
     });
-    for (const text of this.#outbox.splice(0)) socket.send(text);
+    if (this.#awaitingReceived !== socket) this.#flushOutbox(socket);
+  }
+
+  /**
+   * The server has our first `received` messages: send the later ones again (they were on the
+   * old socket when it dropped), in order, then the queued new ones.
+   * @param {WebSocket} socket @param {number} received
+   */
+  #sendAfterReceived(socket, received) {
+    const missing = this.#unconfirmed.filter((message) => message.number > received);
+    const oldestKept = this.#unconfirmed[0]?.number ?? this.#sent + 1;
+    if (received + 1 < oldestKept && received < this.#sent) {
+      // Beyond MAX_UNCONFIRMED_MESSAGES: some the server never got are no longer here.
+      const lost = new AcpError(`messages ${received + 1} to ${oldestKept - 1} sent before the drop were lost`, { kind: "lost" });
+      this.dispatchEvent(new CustomEvent("error", { detail: { error: lost, sessionId: null } }));
+    }
+    this.#unconfirmed = missing;
+    // After a reload the page does not know what it sent before: the server's count is the truth.
+    this.#sent = Math.max(this.#sent, received);
+    for (const message of missing) socket.send(message.text);
+    this.#flushOutbox(socket);
+  }
+
+  /** @param {WebSocket} socket */
+  #flushOutbox(socket) {
+    for (const message of this.#outbox.splice(0)) this.#sendNumbered(socket, message);
+  }
+
+  /** @param {WebSocket} socket @param {Outgoing} message */
+  #sendNumbered(socket, message) {
+    socket.send(message.text);
+    this.#sent += 1;
+    this.#unconfirmed.push({ ...message, number: this.#sent });
+    if (this.#unconfirmed.length > MAX_UNCONFIRMED_MESSAGES) this.#unconfirmed.shift();
+  }
+
+  /**
+   * A reply to request `id` arrived: the server had that message, and every one before it (it
+   * hands them to the agent in order). @param {string} id
+   */
+  #confirmedBy(id) {
+    const index = this.#unconfirmed.findIndex((message) => message.requestId === id);
+    if (index >= 0) this.#unconfirmed.splice(0, index + 1);
   }
 
   /** @param {number} code @param {string} reason */
@@ -824,7 +896,7 @@ export class AcpClient extends EventTarget {
     while (!this.#closing && this.#outage("socket")) {
       try {
         const socket = await this.#openSocket(this.#reattachQuery());
-        this.#attachSocket(socket);
+        this.#attachSocket(socket, true);
         this.#recovered("socket");
         return;
       } catch (error) {
@@ -870,15 +942,18 @@ export class AcpClient extends EventTarget {
       if (failure.kind === "auth" || failure.kind === "origin" || failure.kind === "unreachable") throw failure;
       return false; // refused (404, 409): start over
     }
-    this.#attachSocket(socket);
+    this.#attachSocket(socket, true);
     return true;
   }
 
   /** @param {Message} message */
   async #socketSend(message) {
-    const text = JSON.stringify(message);
-    if (this.#socket && this.#socket.readyState === WebSocket.OPEN) this.#socket.send(text);
-    else this.#outbox.push(text); // reconnecting: sent after the reattach, in order
+    const isRequest = typeof message.method === "string" && message.id !== undefined && message.id !== null;
+    /** @type {Outgoing} */
+    const outgoing = { text: JSON.stringify(message), requestId: isRequest ? String(message.id) : null };
+    const socket = this.#socket;
+    if (socket && socket.readyState === WebSocket.OPEN && this.#awaitingReceived !== socket) this.#sendNumbered(socket, outgoing);
+    else this.#outbox.push(outgoing); // reconnecting: sent after the reattach (and what it resends), in order
   }
 }
 
