@@ -94,15 +94,19 @@ def _install_accept_headers(websocket_protocol: Any) -> None:
     original = websocket_protocol.handle_reply
 
     def handle_reply(self: Any, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "websocket.send":  # every message of a stream: nothing of ours to do
+            original(self, message)
+            return
         accepted = self.state in (self.STATE_OPEN, self.STATE_CLOSING, self.STATE_CLOSED)
-        if message.get("type") == "websocket.close" and accepted:
+        if kind == "websocket.close" and accepted:
             _send_close_frame(self, message)
             return
-        if str(message.get("type")).startswith(DENIAL_PREFIX):
+        if str(kind).startswith(DENIAL_PREFIX):
             _deny(self, message)
             return
         headers = message.get("headers")
-        if message.get("type") != "websocket.accept" or not headers or not hasattr(self, "handshake_deferred"):
+        if kind != "websocket.accept" or not headers or not hasattr(self, "handshake_deferred"):
             original(self, message)
             return
         pairs = {bytes(name).decode("latin-1"): bytes(value).decode("latin-1") for name, value in headers}
@@ -202,7 +206,7 @@ def _install_guards() -> None:
             await asyncio.get_running_loop().create_future()
         gate = None if connection is None or "disconnected" in connection else gate_before_write(protocol, message)
         await original(self, protocol, message)
-        if gate is not None:
+        if gate is not None and not gate.writable:
             await gate.wait_writable()
 
     server_class.handle_reply = handle_reply

@@ -115,6 +115,11 @@ class SendGate:
         self._held_by.clear()
         self._open.set()
 
+    @property
+    def writable(self) -> bool:
+        """Open now: a writer need not wait (checked first, so the common case awaits nothing)."""
+        return self._open.is_set()
+
     async def wait_writable(self) -> None:
         await self._open.wait()
 

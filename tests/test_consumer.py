@@ -282,19 +282,23 @@ SOCKET_LIMIT = 100
 
 
 def refuse_large_messages(monkeypatch: pytest.MonkeyPatch, failure: type[Exception]) -> None:
-    """Make the server side refuse text messages over SOCKET_LIMIT bytes, as daphne (autobahn)
-    does past --websocket-max-message-size; `failure` is what it raises."""
-    original = AcpWebsocketConsumer.send
+    """Make the server's ASGI send refuse text messages over SOCKET_LIMIT bytes, as daphne
+    (autobahn) does past --websocket-max-message-size; `failure` is what it raises."""
+    original = AcpWebsocketConsumer.__call__
 
-    async def send(self: AcpWebsocketConsumer, text_data: str | None = None, **kwargs: Any) -> None:
-        if text_data is not None and len(text_data.encode()) > SOCKET_LIMIT:
-            raise failure(
-                f"tried to send WebSocket message with size {len(text_data.encode())} "
-                f"exceeding payload limit of {SOCKET_LIMIT} octets"
-            )
-        await original(self, text_data=text_data, **kwargs)
+    async def call(self: AcpWebsocketConsumer, scope: Any, receive: Any, send: Any) -> None:
+        async def refusing_send(message: dict[str, Any]) -> None:
+            text = message.get("text") if message.get("type") == "websocket.send" else None
+            if text is not None and len(text.encode()) > SOCKET_LIMIT:
+                raise failure(
+                    f"tried to send WebSocket message with size {len(text.encode())} "
+                    f"exceeding payload limit of {SOCKET_LIMIT} octets"
+                )
+            await send(message)
 
-    monkeypatch.setattr(AcpWebsocketConsumer, "send", send)
+        await original(self, scope, receive, refusing_send)
+
+    monkeypatch.setattr(AcpWebsocketConsumer, "__call__", call)
 
 
 async def test_an_agent_message_over_the_socket_limit_closes_with_1009(

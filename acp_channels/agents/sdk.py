@@ -221,11 +221,14 @@ class SdkAgentChannel:
         and a task wake-up per message (bench/PROFILE.md)."""
         self._sink = sink
 
-    async def _emit(self, frame: Frame) -> None:
+    def _sunk(self, frame: Frame) -> bool:
+        """Whether the direct sink took `frame` (only while nothing waits in the outbox)."""
         sink = self._sink
-        if sink is not None and self._outbox.empty() and sink(frame):
-            return
-        await self._outbox.put(frame)
+        return sink is not None and self._outbox.empty() and sink(frame)
+
+    async def _emit(self, frame: Frame) -> None:
+        if not self._sunk(frame):
+            await self._outbox.put(frame)
 
     # -- the SDK side ------------------------------------------------------------------------
 
@@ -289,7 +292,12 @@ class _SdkTransport:
         self._channel = channel
 
     async def send(self, message: dict[str, Any]) -> None:
-        await self._channel._agent_sent(message)
+        channel = self._channel
+        # A notification or agent request (most of a stream) straight into the sink when it
+        # takes it: two coroutines fewer per message than through _agent_sent and _emit.
+        if ("method" in message or "id" not in message) and channel._sunk(Single(message)):
+            return
+        await channel._agent_sent(message)
 
     async def receive(self) -> dict[str, Any] | None:
         return await self._channel._next_for_sdk()
