@@ -181,13 +181,6 @@ class SdkAgentChannel:
 
     # -- outbound ----------------------------------------------------------------------------
 
-    async def _agent_sent(self, message: Message) -> None:
-        """A message the SDK connection wrote: restore client ids and regroup batches."""
-        if "method" in message or "id" not in message:
-            await self._emit(Single(message))
-        else:
-            await self._complete(message["id"], message)
-
     async def _complete(self, private_id: Any, reply: Message) -> None:
         """Record the reply to one client request; emit it, or its batch once that is due.
 
@@ -292,12 +285,16 @@ class _SdkTransport:
         self._channel = channel
 
     async def send(self, message: dict[str, Any]) -> None:
+        """A message the SDK connection wrote. A notification or agent request (most of a
+        stream) goes out as it is, into the direct sink when it takes it: no further coroutine
+        per message. A reply gets its client id back and joins its batch (`_complete`)."""
         channel = self._channel
-        # A notification or agent request (most of a stream) straight into the sink when it
-        # takes it: two coroutines fewer per message than through _agent_sent and _emit.
-        if ("method" in message or "id" not in message) and channel._sunk(Single(message)):
-            return
-        await channel._agent_sent(message)
+        if "method" in message or "id" not in message:
+            frame = Single(message)
+            if not channel._sunk(frame):
+                await channel._outbox.put(frame)
+        else:
+            await channel._complete(message["id"], message)
 
     async def receive(self) -> dict[str, Any] | None:
         return await self._channel._next_for_sdk()
