@@ -7,9 +7,10 @@ ends, cost two thread starts and joins (strace: 2 `clone3` and ~35 `futex` per P
 of a small POST's CPU, though `response.close()` usually has nothing to do but send
 `request_finished` to no receiver.
 
-`AcpASGIHandler` is that handler with one change: the request's thread-sensitive calls go to an
+`AcpASGIHandler` is that handler with two changes. The request's thread-sensitive calls go to an
 executor of its own (`RequestExecutor`), which starts the request's thread only when a call needs
-it, and runs `response.close()` right on the event loop when it is safe:
+it, and `response.close()` runs right on the event loop, not through `sync_to_async`, when it is
+safe:
 
 - no sync code of this request ran in a thread (so no database connection of it is open there:
   Django refuses sync database use on the event loop's thread), and
@@ -19,6 +20,11 @@ it, and runs `response.close()` right on the event loop when it is safe:
   loop's thread (`SAFE_ON_LOOP`: django.db's `close_old_connections` closes the connections of
   the thread it runs on, and the loop's has none; `reset_urlconf` clears a context-local
   setting; `close_caches` only when the request opened no cache).
+
+And one task watches for the client to leave while the view runs and the response is sent,
+where Django starts two (the view's and the watcher's) and waits for the first: the view is
+cancelled as in Django when the client leaves. Together these are most of what Django's handler
+costs a small POST beyond the view itself (bench/PROFILE.md).
 
 Anything else (a receiver of the site's own, a sync middleware that ran, a FileResponse) takes
 the thread as before: nothing Django promises is skipped, no signal is left unsent. Every other
@@ -35,15 +41,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import functools
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import ThreadSensitiveContext
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core import signals
-from django.core.handlers.asgi import ASGIHandler
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.http import HttpRequest, HttpResponseBase
+from django.urls import set_script_prefix
 
 __all__ = ["SAFE_ON_LOOP", "AcpASGIHandler", "LoopCloser", "RequestExecutor", "close_runs_on_loop"]
 
@@ -71,38 +78,17 @@ _current: contextvars.ContextVar[RequestExecutor | None] = contextvars.ContextVa
 
 
 class RequestExecutor(concurrent.futures.Executor):
-    """One request's thread-sensitive calls: in a thread of the request's own, started on the
-    first call that needs one (as Django's per-request executor), or on the loop for the one
-    call `run_on_loop` names."""
+    """One request's thread-sensitive calls, in a thread of the request's own started on the
+    first call that needs one (as Django's per-request executor), joined off the loop."""
 
     def __init__(self) -> None:
         self._thread_pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._on_loop: Callable[..., Any] | None = None
-        self._allowed: Callable[[], bool] = lambda: True
 
     @property
     def started_thread(self) -> bool:
         return self._thread_pool is not None
 
-    def run_on_loop(self, call: Callable[..., Any], allowed: Callable[[], bool] = lambda: True) -> None:
-        """Run `call`, when it is submitted next, right where it is submitted (on the loop) if
-        `allowed()` says so then (a streamed response closes long after it was made)."""
-        self._on_loop = call
-        self._allowed = allowed
-
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
-        target = self._on_loop
-        if target is not None and _calls(fn, target):
-            self._on_loop = None
-        else:
-            target = None
-        if target is not None and self._allowed():
-            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as error:
-                future.set_exception(error)
-            return future
         if self._thread_pool is None:
             self._thread_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="acp-request")
         return self._thread_pool.submit(fn, *args, **kwargs)
@@ -111,23 +97,6 @@ class RequestExecutor(concurrent.futures.Executor):
         pool, self._thread_pool = self._thread_pool, None
         if pool is not None:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
-
-
-def _calls(fn: Callable[..., Any], target: Callable[..., Any]) -> bool:
-    """Whether `fn` is `target` wrapped in partials (asgiref hands the executor the sync
-    function inside two of them). Anything else, or another layout of asgiref: False, and the
-    call takes the thread, as it would without us."""
-    seen = 0
-    pending: list[Any] = [fn]
-    while pending and seen < 16:
-        seen += 1
-        candidate = pending.pop()
-        if candidate == target:
-            return True
-        if isinstance(candidate, functools.partial):
-            pending.append(candidate.func)
-            pending.extend(candidate.args)
-    return False
 
 
 class LoopCloser:
@@ -183,7 +152,7 @@ class AcpASGIHandler(ASGIHandler):
             context = ThreadSensitiveContext(executor=executor)
         except TypeError:  # asgiref before 3.13 takes no executor: Django's own way
             async with ThreadSensitiveContext():
-                await self.handle(scope, receive, send)
+                await super().handle(scope, receive, send)
             return
         token = _current.set(executor)
         try:
@@ -195,10 +164,65 @@ class AcpASGIHandler(ASGIHandler):
                 # Joined off the loop, as asgiref joins its own (the thread may wait for the loop).
                 threading.Thread(target=executor.shutdown, name="acp-request-join", daemon=True).start()
 
-    async def run_get_response(self, request: Any) -> Any:
-        response = await super().run_get_response(request)
-        executor = _current.get()
-        if executor is not None:
-            sender = self.__class__
-            executor.run_on_loop(response.close, lambda: close_runs_on_loop(response, executor, sender))
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Django's `ASGIHandler.handle`, step for step and with its signals, but with one task
+        watching for the client to leave (Django starts two tasks and waits for the first) and
+        `response.close()` on the loop when `close_runs_on_loop` says it may run there."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        await signals.request_started.asend(sender=self.__class__, scope=scope)
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            assert error_response is not None
+            body_file.close()
+            await self.send_response(error_response, send)
+            await self.close_response(error_response)
+            return
+        response = await self.respond_until_the_client_leaves(request, receive, send)
+        if response is None:  # the client left before the view answered: the view was cancelled
+            await signals.request_finished.asend(sender=self.__class__)
+        else:
+            await self.close_response(response)
+        body_file.close()
+
+    async def respond_until_the_client_leaves(
+        self, request: HttpRequest, receive: Any, send: Any
+    ) -> HttpResponseBase | None:
+        """Make and send the response; when the client leaves meanwhile (`http.disconnect`),
+        the view or the sending is cancelled, as Django does. None when the view was."""
+        responding = asyncio.current_task()
+        assert responding is not None
+        left: list[BaseException] = []
+
+        def client_left(watch: asyncio.Task[None]) -> None:
+            if not watch.cancelled() and not left and not sent:
+                left.append(watch.exception() or RequestAborted())
+                responding.cancel()
+
+        sent = False
+        watch = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        watch.add_done_callback(client_left)
+        response: HttpResponseBase | None = None
+        try:
+            response = await self.run_get_response(request)
+            await self.send_response(response, send)
+        except asyncio.CancelledError:
+            if not left:
+                raise
+            responding.uncancel()
+        finally:
+            sent = True
+            watch.cancel()
+        if left and not isinstance(left[0], RequestAborted):
+            raise left[0]  # a server that sent something else than http.disconnect, as Django
         return response
+
+    async def close_response(self, response: HttpResponseBase) -> None:
+        executor = _current.get()
+        if executor is not None and close_runs_on_loop(response, executor, self.__class__):
+            response.close()
+        else:
+            await sync_to_async(response.close)()

@@ -10,17 +10,17 @@ import asyncio
 import io
 import json
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.core import signals
 from django.core.cache import caches, close_caches
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import reset_urlconf
-from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
+from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import include, path
 
 from acp_channels.handler import AcpASGIHandler, LoopCloser, RequestExecutor, close_runs_on_loop
@@ -200,15 +200,135 @@ def test_what_keeps_the_close_off_the_loop(finished_receivers: list[Any], monkey
     assert not close_runs_on_loop(plain, RequestExecutor(), AcpASGIHandler)
 
 
-async def test_the_executor_runs_only_the_named_call_on_the_loop() -> None:
+async def test_the_executor_starts_its_thread_on_the_first_call_and_keeps_it() -> None:
     executor = RequestExecutor()
     loop = asyncio.get_running_loop()
-    executor.run_on_loop(threading.get_ident)
-    # another call first: it takes the thread, and the named call still runs on the loop after it
-    assert "acp-request" in await loop.run_in_executor(executor, lambda: threading.current_thread().name)
-    assert await loop.run_in_executor(executor, threading.get_ident) == threading.get_ident()
-    assert await loop.run_in_executor(executor, threading.get_ident) != threading.get_ident()  # once only
+    assert not executor.started_thread
+    first = await loop.run_in_executor(executor, threading.get_ident)
+    assert executor.started_thread and first != threading.get_ident()
+    assert await loop.run_in_executor(executor, threading.get_ident) == first
     executor.shutdown()
+    assert not executor.started_thread
+
+
+@pytest.mark.parametrize("handler", [AcpASGIHandler, ASGIHandler])
+async def test_tasks_and_sync_to_async_calls_per_request(
+    handler: type[ASGIHandler], finished_receivers: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ours: the request's task and one watching for the client to leave, and no
+    sync_to_async to close the response; Django's: one task more, and the sync_to_async."""
+    app = handler()
+    assert (await request(app, "GET", "/health"))[0] == 200  # warm
+    tasks: list[Any] = []
+    loop = asyncio.get_running_loop()
+
+    def counting_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        tasks.append(coro)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    calls: list[Any] = []
+    real_call = SyncToAsync.__call__
+
+    def counting_call(self: SyncToAsync[Any, Any], *args: Any, **kwargs: Any) -> Any:
+        calls.append(self.func)
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(SyncToAsync, "__call__", counting_call)
+    previous = loop.get_task_factory()
+    loop.set_task_factory(counting_factory)  # type: ignore[arg-type]
+    try:
+        for _ in range(10):
+            assert (await request(app, "GET", "/health"))[0] == 200
+    finally:
+        loop.set_task_factory(previous)
+    # ApplicationCommunicator runs each request in a task of its own: one a request.
+    if handler is AcpASGIHandler:
+        assert (len(tasks), len(calls)) == (20, 0)
+    else:
+        assert (len(tasks), len(calls)) == (30, 10)
+
+
+waits: dict[str, Any] = {}
+
+
+async def waits_forever(request: HttpRequest) -> HttpResponse:
+    waits["started"].set()
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        waits["events"].append("view cancelled")
+        raise
+    return HttpResponse("never")
+
+
+async def streams_then_waits(request: HttpRequest) -> StreamingHttpResponse:
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield b"first"
+            await asyncio.Event().wait()
+        finally:
+            waits["events"].append("body closed")
+
+    response = StreamingHttpResponse(body())
+    response._resource_closers.append(lambda: waits["events"].append("response closed"))  # type: ignore[attr-defined]
+    return response
+
+
+urlpatterns += [path("waits-forever", waits_forever), path("streams-then-waits", streams_then_waits)]
+
+
+@pytest.fixture
+def finished_sent() -> Iterator[list[str]]:
+    waits["started"] = asyncio.Event()
+    waits["events"] = []
+
+    def receiver(sender: object, **kwargs: Any) -> None:
+        waits["events"].append("request_finished")
+
+    signals.request_finished.connect(receiver)
+    yield waits["events"]
+    signals.request_finished.disconnect(receiver)
+
+
+def http_scope(url: str) -> dict[str, Any]:
+    return {
+        "type": "http", "method": "GET", "path": url, "raw_path": url.encode(), "query_string": b"", "headers": [],
+        "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000),
+        "root_path": "",
+    }
+
+
+@pytest.mark.parametrize("handler", [AcpASGIHandler, ASGIHandler])
+async def test_a_client_that_leaves_cancels_the_view_as_in_django(
+    handler: type[ASGIHandler], finished_sent: list[str]
+) -> None:
+    communicator = ApplicationCommunicator(handler(), http_scope("/waits-forever"))
+    await communicator.send_input({"type": "http.request", "body": b""})
+    await asyncio.wait_for(waits["started"].wait(), 5)
+    await communicator.send_input({"type": "http.disconnect"})
+    await communicator.wait(5)  # the handler returns: nothing hangs
+    assert finished_sent == ["view cancelled", "request_finished"]
+    assert await communicator.receive_nothing()  # no response for a client that left
+
+
+@pytest.mark.parametrize("handler", [AcpASGIHandler, ASGIHandler])
+async def test_a_client_that_leaves_a_stream_closes_its_body_and_the_response(
+    handler: type[ASGIHandler], finished_sent: list[str]
+) -> None:
+    communicator = ApplicationCommunicator(handler(), http_scope("/streams-then-waits"))
+    await communicator.send_input({"type": "http.request", "body": b""})
+    assert (await communicator.receive_output(5))["status"] == 200
+    assert (await communicator.receive_output(5))["body"] == b"first"
+    await communicator.send_input({"type": "http.disconnect"})
+    await communicator.wait(5)
+    assert finished_sent == ["body closed", "response closed", "request_finished"]
+
+
+async def test_a_request_that_ends_leaves_no_task_behind() -> None:
+    before = asyncio.all_tasks()
+    assert (await request(AcpASGIHandler(), "GET", "/health"))[0] == 200
+    await asyncio.sleep(0)  # the watcher's cancellation is delivered
+    assert asyncio.all_tasks() - before == set()
 
 
 async def test_a_loop_closer_called_from_a_thread_runs_on_the_loop() -> None:
