@@ -629,9 +629,12 @@ def header_value(values: Iterable[str] | str | None) -> str | None:
     if values is None:
         return None
     value = values if isinstance(values, str) else next(iter(values), None)
-    if value is None or not all(" " <= char <= "~" or char == "\t" for char in value):
+    if value is None or _VISIBLE_ASCII.fullmatch(value) is None:
         return None
     return value
+
+
+_VISIBLE_ASCII: Final = re.compile(r"[\t -~]*")
 
 
 _TOKEN: Final = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"

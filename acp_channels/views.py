@@ -170,7 +170,7 @@ async def post(request: HttpRequest, principal: Principal) -> HttpResponseBase:
     if not protocol.is_json_content_type(header(request, "content-type")):
         return text_response(415, CONTENT_TYPE_REQUIRED)
     limit: int = acp_settings.MAX_BODY_BYTES
-    declared = request.headers.get("content-length", "")
+    declared = request.META.get("CONTENT_LENGTH", "")
     if declared.isdigit() and int(declared) > limit:
         return text_response(413, BODY_TOO_LARGE)
     # Read past Django's DATA_UPLOAD_MAX_MEMORY_SIZE on purpose: our own limit applies here.
