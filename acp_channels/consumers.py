@@ -129,6 +129,17 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     connection_id: str | None = None
     writer: asyncio.Task[None] | None = None
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """channels closes stale database connections before every handler, through
+        `sync_to_async` (a thread hop) for each message: most of what a frame cost beyond our
+        own work (bench/PROFILE.md). A frame only goes to the agent, which does its own database
+        calls through `database_sync_to_async` (that closes stale connections itself): frames
+        skip it. The upgrade (authentication may query users) and the disconnect keep it."""
+        if message["type"] == "websocket.receive":
+            await self.websocket_receive(message)
+        else:
+            await super().dispatch(message)
+
     async def connect(self) -> None:
         daphne_compat.install()  # under `runserver` daphne is imported after our ready()
         if cors.refusal(cors.websocket_request(self.scope)) is not None:

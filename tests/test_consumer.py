@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from asgiref.sync import SyncToAsync
 from autobahn.exception import PayloadExceededError
 from channels.layers import InMemoryChannelLayer, channel_layers
 from channels.testing import WebsocketCommunicator
@@ -169,6 +170,26 @@ async def test_text_round_trip(application: Any) -> None:
             rpc(1, "custom/echo", {"a": [1, 2]}),
             notification("custom/note"),
         ]
+
+
+async def test_frames_take_no_thread_hop(application: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """channels' dispatch closes old database connections through sync_to_async before every
+    handler: a thread hop per frame, which frames skip (the upgrade keeps it)."""
+    calls: list[Any] = []
+    real_call = SyncToAsync.__call__
+
+    def counting_call(self: SyncToAsync[Any, Any], *args: Any, **kwargs: Any) -> Any:
+        calls.append(self.func)
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(SyncToAsync, "__call__", counting_call)
+    async with connected(application) as (communicator, _):
+        assert calls  # the upgrade: close_old_connections, as channels does
+        calls.clear()
+        for request_id in range(20):
+            await communicator.send_json_to(rpc(request_id, "custom/echo"))
+            assert await receive(communicator) == echo(request_id, "custom/echo")
+        assert calls == []
 
 
 async def test_batch_is_one_frame_and_one_reply(application: Any) -> None:
