@@ -406,7 +406,8 @@ def is_connection_scoped(message: Message) -> bool:
         return False
     if method.startswith("$/"):
         return True
-    return "id" not in message and _wraps_cancel_request(message)
+    # Checked in this order because every agent notification passes here.
+    return method == SUCCESSOR_METHOD and "id" not in message and _wraps_cancel_request(message)
 
 
 def _wraps_cancel_request(message: Message) -> bool:
@@ -421,14 +422,15 @@ def _wraps_cancel_request(message: Message) -> bool:
 
 def message_session_id(message: Message) -> str | None:
     """`params.sessionId` of a call that is not connection-scoped, if it is a string."""
-    if "method" not in message or is_connection_scoped(message):
+    if "method" not in message:
         return None
     params = message.get("params")
-    if isinstance(params, dict):
-        session_id = params.get("sessionId")
-        if isinstance(session_id, str):
-            return session_id
-    return None
+    if not isinstance(params, dict):
+        return None
+    session_id = params.get("sessionId")
+    if not isinstance(session_id, str) or is_connection_scoped(message):
+        return None
+    return session_id
 
 
 class SessionHeaderError(ValueError):
