@@ -139,7 +139,9 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "Every server hosts an agent with the same commands (demo_project.agent for ours and the Python SDK "
         "server; the TS peer's agent for the TypeScript SDK server). Each (server, transport): a warm-up stream "
-        f"of {sizes['warmup']:,} messages, then {sizes['reps']} repetitions on one connection, medians reported: "
+        f"of {sizes['warmup']:,} messages, then {sizes['reps']} repetitions on one connection, every server running "
+        "and taking its turn at each scenario and repetition (a drifting machine then drifts for all of "
+        "them), medians reported: "
         f"**stream** one prompt streaming {sizes['stream']:,} `agent_message_chunk` updates of 64 characters "
         f"(messages/s, prompt sent → reply received); **rtt** {sizes['rtt']:,} sequential `echo` prompts (prompt "
         f"sent → reply received, and the POST's 202 over HTTP); **permission** {sizes['permission']} prompts "

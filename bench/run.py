@@ -5,15 +5,17 @@
     .venv/bin/python -m bench.run --servers ours-daphne,ts-sdk --no-fanout
 
 The load generator (this process) runs on CPU 1, every server process on CPU 0 (taskset), so
-each side has one core. Per server and transport: a warm-up stream of 20,000 messages, then
-3 repetitions of stream, rtt and permission on one connection (medians reported), then the
-fanout levels on a freshly started server, sampling the server's RSS. See bench/README.md.
+each side has one core. Every server runs at once; per server and transport a warm-up stream of 20,000 messages on one
+connection, then 3 repetitions of stream, rtt and permission on it, the servers taking turns at
+each scenario (medians reported); then, per server, the fanout levels on a freshly started
+server, sampling the server's RSS. See bench/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -193,42 +195,83 @@ def inprocess_baselines(sizes: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def scenario_set(client_factory: Any, sizes: dict[str, Any], with_permission: bool = True) -> dict[str, Any]:
-    client = client_factory()
-    await client.open()
-    await client.new_session()
-    await scenarios.run_stream(client, sizes["warmup"])
-    stream, rtt, permission = [], [], []
-    for _ in range(sizes["reps"]):
-        stream.append((await scenarios.run_stream(client, sizes["stream"]))["msg_per_s"])
-        rtt.append(percentiles(await scenarios.run_rtt(client, sizes["rtt"])))
-        if with_permission:
-            permission.append(percentiles(await scenarios.run_permission(client, sizes["permission"])))
-    if client.unexpected:
-        raise scenarios.ProtocolError(f"unexpected messages: {client.unexpected[:3]}")
-    await client.close()
-    out: dict[str, Any] = {"stream": stream, "rtt": summarize(rtt)}
-    if with_permission:
-        out["permission"] = summarize(permission)
-    return out
+class Run:
+    """One server and transport: its client, open for the whole phase, and what it measured."""
+
+    def __init__(self, key: str, transport: str, factory: Any) -> None:
+        self.key, self.transport, self.factory = key, transport, factory
+        self.client: Any = None
+        self.samples: dict[str, list[Any]] = {"stream": [], "rtt": [], "permission": []}
+        self.error: str | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.error = f"{type(error).__name__}: {error}"
+        log(f"  {self.key} {self.transport} FAILED", self.error)
+        traceback.print_exc()
+
+    def summary(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"error": self.error}
+        out: dict[str, Any] = {"stream": self.samples["stream"], "rtt": summarize(self.samples["rtt"])}
+        if self.samples["permission"]:
+            out["permission"] = summarize(self.samples["permission"])
+        return out
 
 
-async def bench_server(server: Server, sizes: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for transport in ("http", "ws"):
-        log(f"  {server.key} {transport}: stream / rtt / permission")
+async def scenario_rounds(runs: list[Run], sizes: dict[str, Any], with_permission: bool = True) -> None:
+    """Every run's client opens and warms up; then, per repetition and scenario, the runs take
+    turns, so each server's figure is taken within seconds of the others' (the speed of a
+    shared machine drifts by tens of percent within minutes, which made a whole server's
+    turn after another's an unfair comparison)."""
+    for run in runs:
         try:
-            out[transport] = await scenario_set(
-                lambda t=transport: make_client(t, server.url, **server.client_options), sizes
-            )
-            done = out[transport]
-            log(f"    stream {statistics.median(done['stream']):,.0f} msg/s, rtt p50 {done['rtt']['p50']:.2f} ms, "
-                f"permission p50 {done['permission']['p50']:.2f} ms")
+            run.client = run.factory()
+            await run.client.open()
+            await run.client.new_session()
+            await scenarios.run_stream(run.client, sizes["warmup"])
         except Exception as error:
-            out[transport] = {"error": f"{type(error).__name__}: {error}"}
-            log("    FAILED", out[transport]["error"])
-            traceback.print_exc()
-    return out
+            run.fail(error)
+    steps: list[tuple[str, Any]] = [
+        ("stream", lambda client: scenarios.run_stream(client, sizes["stream"])),
+        ("rtt", lambda client: scenarios.run_rtt(client, sizes["rtt"])),
+    ]
+    if with_permission:
+        steps.append(("permission", lambda client: scenarios.run_permission(client, sizes["permission"])))
+    for rep in range(sizes["reps"]):
+        for name, step in steps:
+            for run in runs:
+                if run.error is not None:
+                    continue
+                try:
+                    result = await step(run.client)
+                except Exception as error:
+                    run.fail(error)
+                    continue
+                run.samples[name].append(result["msg_per_s"] if name == "stream" else percentiles(result))
+        log(f"  round {rep + 1} of {sizes['reps']} done")
+    for run in runs:
+        if run.error is None and run.client.unexpected:
+            run.error = f"ProtocolError: unexpected messages: {run.client.unexpected[:3]}"
+        if run.client is not None:
+            with contextlib.suppress(Exception):
+                await run.client.close()
+    for run in runs:
+        if run.error is None:
+            done = run.summary()
+            permission = f", permission p50 {done['permission']['p50']:.2f} ms" if "permission" in done else ""
+            log(f"  {run.key} {run.transport}: stream {statistics.median(done['stream']):,.0f} msg/s, "
+                f"rtt p50 {done['rtt']['p50']:.2f} ms p99 {done['rtt']['p99']:.2f} ms{permission}")
+
+
+async def bench_servers(servers: dict[str, Server], sizes: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """stream / rtt / permission over both transports, every server taking turns."""
+    runs = [
+        Run(key, transport, lambda s=server, t=transport: make_client(t, s.url, **s.client_options))
+        for key, server in servers.items()
+        for transport in ("http", "ws")
+    ]
+    await scenario_rounds(runs, sizes)
+    return {key: {run.transport: run.summary() for run in runs if run.key == key} for key in servers}
 
 
 async def cluster_layouts(cluster: Cluster, sizes: dict[str, Any]) -> dict[str, Any]:
@@ -236,19 +279,12 @@ async def cluster_layouts(cluster: Cluster, sizes: dict[str, Any]) -> dict[str, 
     SSE on B, POST on C (every POST and every event crosses Redis). HTTP only: a WebSocket is
     always served by the worker that hosts its connection."""
     a, b, c = (cluster.worker_url(i) for i in range(3))
-    layouts = {"same": lambda: HttpAcp(a), "cross": lambda: HttpAcp(a, post_url=c, stream_url=b)}
-    out = {}
-    for name, factory in layouts.items():
-        log(f"  cluster layout {name}")
-        try:
-            out[name] = await scenario_set(factory, sizes)
-            done = out[name]
-            log(f"    stream {statistics.median(done['stream']):,.0f} msg/s, rtt p50 {done['rtt']['p50']:.2f} ms"
-                f" p99 {done['rtt']['p99']:.2f} ms")
-        except Exception as error:
-            out[name] = {"error": f"{type(error).__name__}: {error}"}
-            log("    FAILED", out[name]["error"])
-    return out
+    runs = [
+        Run("cluster layout same", "http", lambda: HttpAcp(a)),
+        Run("cluster layout cross", "http", lambda: HttpAcp(a, post_url=c, stream_url=b)),
+    ]
+    await scenario_rounds(runs, sizes)
+    return {name: run.summary() for name, run in zip(("same", "cross"), runs, strict=True)}
 
 
 async def fanout(key: str, sizes: dict[str, Any]) -> dict[str, Any]:
@@ -304,25 +340,33 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             results["inprocess"] = {mode: {"error": str(error)} for mode in ("sdk", "host")}
             log("  FAILED", error)
     for key in selected:
-        cls = SERVERS[key]
-        log(f"server {key}")
-        entry: dict[str, Any] = {"label": cls.label}
-        if not args.no_scenarios:
-            server = cls().start()
-            try:
-                entry.update(await bench_server(server, sizes))
+        results["servers"][key] = {"label": SERVERS[key].label}
+    if not args.no_scenarios:
+        log(f"servers {', '.join(selected)}: stream / rtt / permission, taking turns")
+        servers: dict[str, Server] = {}
+        try:
+            for key in selected:
+                servers[key] = SERVERS[key]().start()
+            for key, measured in (await bench_servers(servers, sizes)).items():
+                results["servers"][key].update(measured)
+            for server in servers.values():
                 if isinstance(server, Cluster):
+                    log("cluster layouts: same worker / across workers, taking turns")
                     results["cluster_layout"] = await cluster_layouts(server, sizes)
-            finally:
+        finally:
+            for key, server in servers.items():
                 server.stop()
-                entry["server_errors"] = server.errors()[:5]
+                results["servers"][key]["server_errors"] = server.errors()[:5]
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    for key in selected:
+        entry = results["servers"][key]
         if not args.no_fanout:
+            log(f"server {key}: fanout")
             try:
                 entry["fanout"] = await fanout(key, sizes)
             except Exception as error:
                 entry["fanout"] = {"error": f"{type(error).__name__}: {error}"}
                 log("  fanout FAILED", error)
-        results["servers"][key] = entry
         Path(args.out).write_text(json.dumps(results, indent=1))
     return results
 
