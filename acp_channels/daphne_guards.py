@@ -25,6 +25,10 @@ could install the wrong reactor). Each guard exists because daphne and Twisted l
   known before the headers. BODY_TIMEOUT_SECONDS runs from the headers until the whole body is
   in, for the ACP endpoint only (other views of the site may take slow uploads). Past either:
   408. Nothing times out while a response is being written (long SSE streams are not cut).
+  The clocks are deadlines that one timer per process checks every CLOCK_SWEEP_SECONDS
+  (`limits.ReadClocks`), not a Twisted timer per request: two timers started and cancelled per
+  POST (each also moving the asyncio timer under Twisted's asyncio reactor) cost a few percent of a
+  small POST's CPU. A clock fires up to CLOCK_SWEEP_SECONDS late.
 - Header size. Twisted drops a connection whose header line passes 16 KiB without a word, and
   answers a bare 400 when all headers pass 16 KiB or 500 headers; these get 431 (414 for an
   over-long request line), with a text body.
@@ -56,8 +60,8 @@ first protocol of the connection, and once h2 is chosen its clocks do nothing. T
 
 from __future__ import annotations
 
+import time
 import weakref
-from functools import partial
 from typing import Any, Final
 
 from daphne.http_protocol import HTTPFactory, WebRequest
@@ -287,13 +291,13 @@ def _upgraded_channel(transport: Any) -> Any:
 
 # -- request reading: timeouts, header sizes, body size --------------------------------------
 
-
 class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
     """Twisted's HTTP/1.1 channel with request read timeouts, 431 for oversized headers, and a
     graceful refusal the request can use (413)."""
 
-    _header_clock: Any = None
-    _body_clock: Any = None
+    #: The running read clock: its deadline (time.monotonic) and the 408's text; none: inf.
+    clock_deadline = float("inf")
+    _clock_text = ""
     _linger: Any = None
     #: Whether any byte of the next request arrived since the header clock started.
     _request_begun = False
@@ -334,18 +338,17 @@ class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
         return bool(super().headerReceived(line))
 
     def allHeadersReceived(self) -> None:
-        self._stop_clock("_header_clock")
+        self._stop_clock()
         super().allHeadersReceived()
         if self.length != 0 and not self.refused and limits.is_acp_target(self.request_target):
-            timeout = float(acp_settings.BODY_TIMEOUT_SECONDS)
-            self._body_clock = self.callLater(timeout, partial(self._timed_out, limits.BODY_TIMEOUT))
+            self._start_clock(float(acp_settings.BODY_TIMEOUT_SECONDS), limits.BODY_TIMEOUT)
 
     def rawDataReceived(self, data: bytes) -> None:
         if not self.refused:
             super().rawDataReceived(data)
 
     def allContentReceived(self) -> None:
-        self._stop_clock("_body_clock")
+        self._stop_clock()
         if not self.refused:
             super().allContentReceived()
 
@@ -356,9 +359,10 @@ class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
         super().requestDone(request)
 
     def connectionLost(self, reason: Any) -> None:
-        self._stop_clock("_header_clock")
-        self._stop_clock("_body_clock")
-        self._stop_clock("_linger")
+        self._stop_clock()
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        self._linger = None
         super().connectionLost(reason)
 
     @property
@@ -375,8 +379,7 @@ class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
         if self.refused or self.transport is None:
             return
         self.refused = True
-        self._stop_clock("_header_clock")
-        self._stop_clock("_body_clock")
+        self._stop_clock()
         self.transport.write(limits.plain_text_response(status, reason, text))
         if not linger:
             self.loseConnection()
@@ -384,20 +387,25 @@ class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
         self._linger = self.callLater(LINGER_SECONDS, self.transport.abortConnection)
 
     def _start_header_clock(self) -> None:
-        self._stop_clock("_header_clock")
         self._request_begun = False
-        timeout = float(acp_settings.HEADER_TIMEOUT_SECONDS)
-        self._header_clock = self.callLater(timeout, partial(self._timed_out, limits.HEADERS_TIMEOUT))
+        self._start_clock(float(acp_settings.HEADER_TIMEOUT_SECONDS), limits.HEADERS_TIMEOUT)
 
-    def _stop_clock(self, name: str) -> None:
-        clock = getattr(self, name)
-        if clock is not None:
-            setattr(self, name, None)
-            if clock.active():
-                clock.cancel()
+    def _start_clock(self, timeout: float, text: str) -> None:
+        self.clock_deadline = time.monotonic() + timeout
+        self._clock_text = text
+        limits.read_clocks.start(self, self.callLater)
+
+    def _stop_clock(self) -> None:
+        if self.clock_deadline != float("inf"):
+            self.clock_deadline = float("inf")
+            limits.read_clocks.stop(self)
+
+    def clock_expired(self) -> None:
+        """The running read clock ran out (`ReadClocks` has forgotten it already)."""
+        self.clock_deadline = float("inf")
+        self._timed_out(self._clock_text)
 
     def _timed_out(self, text: str) -> None:
-        self._header_clock = self._body_clock = None
         transport = self.transport
         if transport is None or transport.disconnecting or getattr(transport, "negotiatedProtocol", None) == b"h2":
             return  # closing already, or handed over to HTTP/2

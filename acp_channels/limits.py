@@ -17,8 +17,9 @@ A request is the endpoint's when Django's URL resolver maps its path to the URL 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import unquote
 
 from django.conf import settings
@@ -157,3 +158,52 @@ async def _refuse(send: Send) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+#: How often the running read clocks are checked: the slack of a 408.
+CLOCK_SWEEP_SECONDS: Final = 0.25
+
+
+class ReadClock(Protocol):
+    """A connection reading a request under a deadline (acp_channels.daphne_guards)."""
+
+    #: When the request must be in (time.monotonic); infinity while no clock runs.
+    clock_deadline: float
+
+    def clock_expired(self) -> None: ...
+
+
+class ReadClocks:
+    """The running read clocks (headers or body) of a process's connections, checked by one
+    timer that runs only while a clock does, instead of a timer started and cancelled for each
+    request (daphne_guards says what that cost). `call_later(seconds, fn, *args)` is the
+    server's timer (Twisted's `callLater`)."""
+
+    def __init__(self) -> None:
+        self._running: dict[ReadClock, None] = {}  # an insertion-ordered set
+        self._sweep_call: Any = None
+
+    def start(self, clock: ReadClock, call_later: Callable[..., Any]) -> None:
+        self._running[clock] = None
+        if self._sweep_call is None:
+            self._sweep_call = call_later(CLOCK_SWEEP_SECONDS, self._sweep, call_later)
+
+    def stop(self, clock: ReadClock) -> None:
+        self._running.pop(clock, None)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def _sweep(self, call_later: Callable[..., Any]) -> None:
+        self._sweep_call = None
+        now = time.monotonic()
+        for clock in [clock for clock in self._running if clock.clock_deadline <= now]:
+            self._running.pop(clock, None)
+            clock.clock_expired()
+        if self._running:
+            self._sweep_call = call_later(CLOCK_SWEEP_SECONDS, self._sweep, call_later)
+
+
+#: The process's read clocks.
+read_clocks = ReadClocks()
