@@ -353,15 +353,19 @@ class Mailbox:
 
     def _trim_window(self) -> None:
         """Forget the oldest delivered items beyond the window's limits (never the batch in flight)."""
+        sent, kept = self._sent, self._in_flight_count
+        # Once a long stream fills its window, every take trims: the bounds are computed once.
+        over_events = len(sent) - kept - self._window_events
+        bytes_limit = self._window_bytes + self._in_flight
+        sent_bytes = self._sent_bytes
         freed = 0
-        while len(self._sent) > self._in_flight_count and (
-            len(self._sent) - self._in_flight_count > self._window_events
-            or self._sent_bytes - self._in_flight > self._window_bytes
-        ):
-            item = self._sent.popleft()
-            self._sent_bytes -= len(item)
-            freed += len(item)
+        while len(sent) > kept and (over_events > 0 or sent_bytes > bytes_limit):
+            size = len(sent.popleft())
+            sent_bytes -= size
+            freed += size
+            over_events -= 1
         if freed:
+            self._sent_bytes = sent_bytes
             self._budget.release(freed)
 
     @property
