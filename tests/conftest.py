@@ -4,9 +4,11 @@ import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
+from asgiref.sync import SyncToAsync
 
 from tests.cluster import Cluster, RedisServer
 from tests.live import ROOT, DaphneServer
@@ -71,6 +73,21 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
     limits = httpx.Limits(max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(20.0), limits=limits) as client:
         yield client
+
+
+@pytest.fixture
+def sync_to_async_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The functions run through asgiref's sync_to_async from now on (each is a thread hop,
+    or at least its machinery), in call order."""
+    calls: list[Any] = []
+    real_call = SyncToAsync.__call__
+
+    def counting_call(self: SyncToAsync[Any, Any], *args: Any, **kwargs: Any) -> Any:
+        calls.append(self.func)
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(SyncToAsync, "__call__", counting_call)
+    return calls
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from asgiref.sync import SyncToAsync
 from autobahn.exception import PayloadExceededError
 from channels.layers import InMemoryChannelLayer, channel_layers
 from channels.testing import WebsocketCommunicator
@@ -172,17 +171,10 @@ async def test_text_round_trip(application: Any) -> None:
         ]
 
 
-async def test_frames_take_no_thread_hop(application: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_frames_take_no_thread_hop(application: Any, sync_to_async_calls: list[Any]) -> None:
     """channels' dispatch closes old database connections through sync_to_async before every
     handler: a thread hop per frame, which frames skip (the upgrade keeps it)."""
-    calls: list[Any] = []
-    real_call = SyncToAsync.__call__
-
-    def counting_call(self: SyncToAsync[Any, Any], *args: Any, **kwargs: Any) -> Any:
-        calls.append(self.func)
-        return real_call(self, *args, **kwargs)
-
-    monkeypatch.setattr(SyncToAsync, "__call__", counting_call)
+    calls = sync_to_async_calls
     async with connected(application) as (communicator, _):
         assert calls  # the upgrade: close_old_connections, as channels does
         calls.clear()

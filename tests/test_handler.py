@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-from asgiref.sync import SyncToAsync, sync_to_async
+from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.core import signals
 from django.core.cache import caches, close_caches
@@ -213,7 +213,7 @@ async def test_the_executor_starts_its_thread_on_the_first_call_and_keeps_it() -
 
 @pytest.mark.parametrize("handler", [AcpASGIHandler, ASGIHandler])
 async def test_tasks_and_sync_to_async_calls_per_request(
-    handler: type[ASGIHandler], finished_receivers: list[Any], monkeypatch: pytest.MonkeyPatch
+    handler: type[ASGIHandler], finished_receivers: list[Any], sync_to_async_calls: list[Any]
 ) -> None:
     """Ours: the request's task and one watching for the client to leave, and no
     sync_to_async to close the response; Django's: one task more, and the sync_to_async."""
@@ -226,14 +226,8 @@ async def test_tasks_and_sync_to_async_calls_per_request(
         tasks.append(coro)
         return asyncio.Task(coro, loop=loop, **kwargs)
 
-    calls: list[Any] = []
-    real_call = SyncToAsync.__call__
-
-    def counting_call(self: SyncToAsync[Any, Any], *args: Any, **kwargs: Any) -> Any:
-        calls.append(self.func)
-        return real_call(self, *args, **kwargs)
-
-    monkeypatch.setattr(SyncToAsync, "__call__", counting_call)
+    calls = sync_to_async_calls
+    calls.clear()  # the warm-up's
     previous = loop.get_task_factory()
     loop.set_task_factory(counting_factory)  # type: ignore[arg-type]
     try:
