@@ -291,6 +291,7 @@ def _upgraded_channel(transport: Any) -> Any:
 
 # -- request reading: timeouts, header sizes, body size --------------------------------------
 
+
 class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
     """Twisted's HTTP/1.1 channel with request read timeouts, 431 for oversized headers, and a
     graceful refusal the request can use (413)."""

@@ -7,7 +7,7 @@ ends, cost two thread starts and joins (strace: 2 `clone3` and ~35 `futex` per P
 of a small POST's CPU, though `response.close()` usually has nothing to do but send
 `request_finished` to no receiver.
 
-`AcpASGIHandler` is that handler with two changes. The request's thread-sensitive calls go to an
+`AcpASGIHandler` is that handler with three changes. The request's thread-sensitive calls go to an
 executor of its own (`RequestExecutor`), which starts the request's thread only when a call needs
 it, and `response.close()` runs right on the event loop, not through `sync_to_async`, when it is
 safe:
@@ -21,7 +21,7 @@ safe:
   the thread it runs on, and the loop's has none; `reset_urlconf` clears a context-local
   setting; `close_caches` only when the request opened no cache).
 
-And one task watches for the client to leave while the view runs and the response is sent,
+Third, one task watches for the client to leave while the view runs and the response is sent,
 where Django starts two (the view's and the watcher's) and waits for the first: the view is
 cancelled as in Django when the client leaves. Together these are most of what Django's handler
 costs a small POST beyond the view itself (bench/PROFILE.md).
