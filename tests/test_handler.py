@@ -75,13 +75,7 @@ async def request(
 async def exchange(
     app: Callable[..., Awaitable[None]], method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None
 ) -> tuple[int, bytes, dict[str, str]]:
-    scope = {
-        "type": "http", "method": method, "path": url, "raw_path": url.encode(), "query_string": b"",
-        "headers": [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()],
-        "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000),
-        "root_path": "",
-    }
-    communicator = ApplicationCommunicator(app, scope)
+    communicator = ApplicationCommunicator(app, http_scope(url, method, headers))
     await communicator.send_input({"type": "http.request", "body": body})
     start = await communicator.receive_output(5)
     content = b""
@@ -93,6 +87,15 @@ async def exchange(
     await communicator.wait(5)
     response_headers = {name.decode().lower(): value.decode() for name, value in start["headers"]}
     return start["status"], content, response_headers
+
+
+def http_scope(url: str, method: str = "GET", headers: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "type": "http", "method": method, "path": url, "raw_path": url.encode(), "query_string": b"",
+        "headers": [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()],
+        "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000),
+        "root_path": "",
+    }
 
 
 JSON_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
@@ -282,14 +285,6 @@ def finished_sent() -> Iterator[list[str]]:
     signals.request_finished.connect(receiver)
     yield waits["events"]
     signals.request_finished.disconnect(receiver)
-
-
-def http_scope(url: str) -> dict[str, Any]:
-    return {
-        "type": "http", "method": "GET", "path": url, "raw_path": url.encode(), "query_string": b"", "headers": [],
-        "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000),
-        "root_path": "",
-    }
 
 
 @pytest.mark.parametrize("handler", [AcpASGIHandler, ASGIHandler])
