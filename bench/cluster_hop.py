@@ -10,8 +10,8 @@ CPU 0, this load generator on CPU 1) and runs the layouts of bench.run.cluster_l
 HTTP: *same* (initialize, SSE and POST all on worker A: the same-process path) and *cross*
 (initialize on A, SSE through B, POST through C: every POST and every event crosses Redis).
 Each layout: a warm-up stream of 20,000 messages, then 7 repetitions of stream, rtt (1,000 turns) and
-permission (100 turns) on one connection, the two layouts taking turns (same, cross, same, ...); medians
-of the 7. Then it counts the Redis commands per echo
+permission (100 turns) on one connection, the two layouts taking turns at each scenario of each
+repetition; medians of the 7. Then it counts the Redis commands per echo
 turn in each layout (`INFO commandstats` around 500 turns, less the heartbeats' idle rate).
 
 A run is stored under its label in bench/cluster-hop.json with the commit of the code it ran
@@ -88,40 +88,14 @@ async def commands_per_turn(cluster: Any, factory: Any) -> dict[str, Any]:
 
 
 async def interleaved_layouts(factories: dict[str, Any]) -> dict[str, Any]:
-    """Each layout's stream, rtt and permission, the layouts taking turns repetition by
-    repetition: a machine whose speed drifts during a run (other work, the host of a VM) shifts
-    both alike, where one layout after the other showed drift as a difference between them."""
-    from bench import scenarios
-    from bench.run import log, percentiles, summarize
+    """Each layout's stream, rtt and permission, the layouts taking turns (bench.run's
+    `scenario_rounds`): a machine whose speed drifts during a run shifts both alike, where one
+    layout after the other showed drift as a difference between them."""
+    from bench.run import Run, scenario_rounds
 
-    clients = {name: factory() for name, factory in factories.items()}
-    results: dict[str, dict[str, list[Any]]] = {}
-    try:
-        for name, client in clients.items():
-            await client.open()
-            await client.new_session()
-            await scenarios.run_stream(client, SIZES["warmup"])
-            results[name] = {"stream": [], "rtt": [], "permission": []}
-        for _ in range(SIZES["reps"]):
-            for name, client in clients.items():
-                done = results[name]
-                done["stream"].append((await scenarios.run_stream(client, SIZES["stream"]))["msg_per_s"])
-                done["rtt"].append(percentiles(await scenarios.run_rtt(client, SIZES["rtt"])))
-                done["permission"].append(percentiles(await scenarios.run_permission(client, SIZES["permission"])))
-        for name, client in clients.items():
-            if client.unexpected:
-                raise scenarios.ProtocolError(f"{name}: unexpected messages: {client.unexpected[:3]}")
-            await client.close()
-    except Exception as error:
-        log(f"  FAILED: {type(error).__name__}: {error}")
-        return {name: {"error": f"{type(error).__name__}: {error}"} for name in factories}
-    layouts = {}
-    for name, done in results.items():
-        layouts[name] = {"stream": done["stream"], "rtt": summarize(done["rtt"]),
-                         "permission": summarize(done["permission"])}
-        log(f"  {name}: stream {statistics.median(done['stream']):,.0f} msg/s, "
-            f"rtt p50 {layouts[name]['rtt']['p50']:.2f} ms")
-    return layouts
+    runs = [Run(name, "http", factory) for name, factory in factories.items()]
+    await scenario_rounds(runs, SIZES)
+    return {run.key: run.summary() for run in runs}
 
 
 async def run(label: str, code: Path) -> dict[str, Any]:

@@ -5,10 +5,10 @@
     .venv/bin/python -m bench.run --servers ours-daphne,ts-sdk --no-fanout
 
 The load generator (this process) runs on CPU 1, every server process on CPU 0 (taskset), so
-each side has one core. Every server runs at once; per server and transport a warm-up stream of 20,000 messages on one
-connection, then 3 repetitions of stream, rtt and permission on it, the servers taking turns at
-each scenario (medians reported); then, per server, the fanout levels on a freshly started
-server, sampling the server's RSS. See bench/README.md.
+each side has one core. Every server runs at once; per server and transport a warm-up stream
+of 20,000 messages on one connection, then 3 repetitions of stream, rtt and permission on it,
+the servers taking turns at each scenario (medians reported); then, per server, the fanout
+levels on a freshly started server, sampling the server's RSS. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -212,13 +212,14 @@ class Run:
     def summary(self) -> dict[str, Any]:
         if self.error is not None:
             return {"error": self.error}
-        out: dict[str, Any] = {"stream": self.samples["stream"], "rtt": summarize(self.samples["rtt"])}
-        if self.samples["permission"]:
-            out["permission"] = summarize(self.samples["permission"])
-        return out
+        return {
+            "stream": self.samples["stream"],
+            "rtt": summarize(self.samples["rtt"]),
+            "permission": summarize(self.samples["permission"]),
+        }
 
 
-async def scenario_rounds(runs: list[Run], sizes: dict[str, Any], with_permission: bool = True) -> None:
+async def scenario_rounds(runs: list[Run], sizes: dict[str, Any]) -> None:
     """Every run's client opens and warms up; then, per repetition and scenario, the runs take
     turns, so each server's figure is taken within seconds of the others' (the speed of a
     shared machine drifts by tens of percent within minutes, which made a whole server's
@@ -234,9 +235,8 @@ async def scenario_rounds(runs: list[Run], sizes: dict[str, Any], with_permissio
     steps: list[tuple[str, Any]] = [
         ("stream", lambda client: scenarios.run_stream(client, sizes["stream"])),
         ("rtt", lambda client: scenarios.run_rtt(client, sizes["rtt"])),
+        ("permission", lambda client: scenarios.run_permission(client, sizes["permission"])),
     ]
-    if with_permission:
-        steps.append(("permission", lambda client: scenarios.run_permission(client, sizes["permission"])))
     for rep in range(sizes["reps"]):
         for name, step in steps:
             for run in runs:
@@ -258,9 +258,9 @@ async def scenario_rounds(runs: list[Run], sizes: dict[str, Any], with_permissio
     for run in runs:
         if run.error is None:
             done = run.summary()
-            permission = f", permission p50 {done['permission']['p50']:.2f} ms" if "permission" in done else ""
             log(f"  {run.key} {run.transport}: stream {statistics.median(done['stream']):,.0f} msg/s, "
-                f"rtt p50 {done['rtt']['p50']:.2f} ms p99 {done['rtt']['p99']:.2f} ms{permission}")
+                f"rtt p50 {done['rtt']['p50']:.2f} ms p99 {done['rtt']['p99']:.2f} ms, "
+                f"permission p50 {done['permission']['p50']:.2f} ms")
 
 
 async def bench_servers(servers: dict[str, Server], sizes: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -279,12 +279,9 @@ async def cluster_layouts(cluster: Cluster, sizes: dict[str, Any]) -> dict[str, 
     SSE on B, POST on C (every POST and every event crosses Redis). HTTP only: a WebSocket is
     always served by the worker that hosts its connection."""
     a, b, c = (cluster.worker_url(i) for i in range(3))
-    runs = [
-        Run("cluster layout same", "http", lambda: HttpAcp(a)),
-        Run("cluster layout cross", "http", lambda: HttpAcp(a, post_url=c, stream_url=b)),
-    ]
+    runs = [Run("same", "http", lambda: HttpAcp(a)), Run("cross", "http", lambda: HttpAcp(a, post_url=c, stream_url=b))]
     await scenario_rounds(runs, sizes)
-    return {name: run.summary() for name, run in zip(("same", "cross"), runs, strict=True)}
+    return {run.key: run.summary() for run in runs}
 
 
 async def fanout(key: str, sizes: dict[str, Any]) -> dict[str, Any]:
