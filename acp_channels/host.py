@@ -603,6 +603,8 @@ class ConnectionHost:
         self._socket_received = 0
         self._socket_inbound = asyncio.Lock()
         self._socket_deliveries: set[asyncio.Task[None]] = set()
+        # Error replies to agent requests refused as too large, on their way to the agent.
+        self._agent_answers: set[asyncio.Task[None]] = set()
         # Ids of the client's initialize requests not answered yet: their replies advertise resumption.
         self._socket_initializing: set[str] = set()
         # HTTP: where each pending request's reply goes, by id; pinning their session streams.
@@ -838,16 +840,16 @@ class ConnectionHost:
             self._router = asyncio.create_task(self._run_router(), name=f"acp-router-{self.connection_id}")
             direct_sink = getattr(self.agent, "direct_sink", None)
             if direct_sink is not None:
-                direct_sink(self._route_directly)
+                direct_sink(self._route_directly, self._budget.wait_for_room)
 
     def _route_directly(self, frame: Frame) -> bool:
-        """The router's work for one frame, done on the agent's task when nothing is queued
-        before it: False (queue it) while the budget has no room, so backpressure is the
-        router's, as before."""
+        """The router's work for one frame, done on the agent's task as the agent hands it over
+        (when nothing is queued before it). Its bytes count in the budget from that moment, and
+        the adapter then waits for room before the agent goes on (`direct_sink`'s second
+        argument): a connection holds at most its budget plus the message each of its agent's
+        tasks is handing over, whatever their size (an oversized one is refused, §6.7)."""
         if self.ended.is_set():
             return True  # as the router, cancelled by then: nobody reads
-        if not self._budget.has_room():
-            return False
         metrics.record_messages_out(self.transport, frame)
         try:
             self._route(frame)
@@ -960,20 +962,56 @@ class ConnectionHost:
         self._end("agent ended")
 
     def _route(self, frame: Frame) -> None:
+        text = protocol.serialize_frame(frame)
+        if len(text) > self._budget.limit:
+            refused = self._refuse_oversized(frame, len(text))
+            if refused is None:
+                return
+            frame, text = refused, protocol.serialize_frame(refused)
         if self.transport == "websocket":
             if self._count_socket_replies(frame):  # an initialize reply got `_meta`: the raw text lacks it
-                self.socket_outbox.push(protocol.dumps(protocol.frame_value(frame)))
-            else:
-                self.socket_outbox.push(protocol.serialize_frame(frame))
+                text = protocol.dumps(protocol.frame_value(frame))
+            self.socket_outbox.push(text)
             return
         unpinned: list[str] = []
         key = protocol.route_outbound(frame, lambda request: self._pop_route(request, unpinned))
         for message in protocol.frame_messages(frame):
             if "method" in message and message.get("id") is not None:
                 self._agent_requests[protocol.id_key(message["id"])] = key
-        self.stream(key).push(protocol.serialize_frame(frame))
+        self.stream(key).push(text)
         for session_id in unpinned:  # e.g. a batch's replies went to the connection stream
             self._collect(session_id)
+
+    def _refuse_oversized(self, frame: Frame, size: int) -> Frame | None:
+        """An agent frame over the whole budget could never fit: refused (§6.7). Returns what
+        the client gets instead; the agent's own requests in it are answered with an error."""
+        limit = self._budget.limit
+        refused = protocol.refuse_oversized(frame, size, limit)
+        methods = sorted({str(message.get("method", "reply")) for message in protocol.frame_messages(frame)})
+        logger.warning(
+            "connection %s: the agent sent a message of %d characters (%s), over the connection's output "
+            "budget of %d (MAX_BUFFERED_BYTES): refused",
+            self.connection_id,
+            size,
+            ", ".join(methods) or "malformed",
+            limit,
+        )
+        metrics.record_refused_output(self.transport)
+        if refused.to_agent:
+            answer: Frame = Single(refused.to_agent[0]) if len(refused.to_agent) == 1 else Batch(list(refused.to_agent))
+            answering = asyncio.ensure_future(self._answer_agent(answer))
+            self._agent_answers.add(answering)
+            answering.add_done_callback(self._agent_answered)
+        return refused.to_client
+
+    async def _answer_agent(self, frame: Frame) -> None:
+        with contextlib.suppress(AgentClosed):
+            await self.agent.send(frame)
+
+    def _agent_answered(self, answering: asyncio.Task[None]) -> None:
+        self._agent_answers.discard(answering)
+        if not answering.cancelled() and (error := answering.exception()) is not None:
+            logger.error("answering the agent of connection %s failed", self.connection_id, exc_info=error)
 
     def _count_socket_replies(self, frame: Frame) -> bool:
         """Count the replies to socket requests; True when one answers an initialize (its

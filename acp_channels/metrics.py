@@ -56,6 +56,12 @@ CROSS_WORKER_CALL_SECONDS: Final = Histogram(
 #: measurable per message; this is ~0.2 µs.
 messages_in: Final[dict[str, int]] = {"http": 0, "websocket": 0}
 messages_out: Final[dict[str, int]] = {"http": 0, "websocket": 0}
+OUTPUT_REFUSED: Final = Counter(
+    "acp_output_refused",
+    "Agent messages refused because they were larger than their connection's whole output budget "
+    "(MAX_BUFFERED_BYTES): replaced by an error or a notice (docs/wire-contract.md §6.7).",
+    ["transport"],
+)
 # Bound once: a label lookup costs more than the increment.
 _STREAMS: Final[dict[str, Gauge]] = {kind: STREAMS_OPEN.labels(kind) for kind in ("sse", "websocket")}
 
@@ -68,6 +74,10 @@ def record_messages_in(transport: TransportKind, frame: Frame) -> None:
 def record_messages_out(transport: TransportKind, frame: Frame) -> None:
     """Agent messages routed to a client (a batch counts its entries)."""
     messages_out[transport] += len(frame.entries) if isinstance(frame, Batch) else 1
+
+
+def record_refused_output(transport: TransportKind) -> None:
+    OUTPUT_REFUSED.labels(transport).inc()
 
 
 def record_stream_opened(kind: StreamKind) -> None:

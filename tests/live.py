@@ -307,10 +307,13 @@ class RawSse:
         self._ended = False
 
     @classmethod
-    async def open(cls, connection: RawConnection, connection_id: str, path: str = "/acp") -> RawSse:
+    async def open(
+        cls, connection: RawConnection, connection_id: str, path: str = "/acp", session_id: str | None = None
+    ) -> RawSse:
+        session = f"Acp-Session-Id: {session_id}\r\n" if session_id is not None else ""
         await connection.send(
             f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
-            f"Acp-Connection-Id: {connection_id}\r\n\r\n".encode()
+            f"Acp-Connection-Id: {connection_id}\r\n{session}\r\n".encode()
         )
         status, headers = await connection.response_head()
         assert status == 200 and headers.get("transfer-encoding") == "chunked", (status, headers)

@@ -497,9 +497,11 @@ async def until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None
 # -- an SDK agent's frames reach the mailbox without the router while nothing is queued --------
 
 
-async def stream_through_host(budget: int, chunks: int) -> tuple[list[int], int]:
-    """The demo agent behind a host streams `chunks` chunks; returns the chunk indices the
-    session stream delivered, in order, and how many frames went through the router."""
+async def stream_through_host(budget: int, chunks: int, size: int = 200) -> tuple[list[Any], int, int]:
+    """The demo agent behind a host streams `chunks` chunks of `size` characters; returns what
+    the session stream delivered before the prompt's reply (chunk indices in order, or the
+    notices that replaced chunks), how many frames went through the router, and the most the
+    connection's budget held at any take."""
     from acp_channels.agents.sdk import SdkAgentChannel
     from demo_project.agent import create_agent
 
@@ -523,17 +525,23 @@ async def stream_through_host(budget: int, chunks: int) -> tuple[list[int], int]
         await host.submit(plan(rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})))
         session = (await next_item(host))["result"]["sessionId"]
         await host.submit(plan(rpc(2, "session/prompt", {"sessionId": session, "prompt": [
-            {"type": "text", "text": f"stream {chunks} 200"}]}), session))
-        indices: list[int] = []
+            {"type": "text", "text": f"stream {chunks} {size}"}]}), session))
+        delivered: list[Any] = []
+        peak = 0
         lease = host.lease(session)
         try:
             while True:
+                peak = max(peak, host.buffered_bytes)
                 items = await lease.take(TIMEOUT)
                 assert items, "the stream stalled"
                 for item in map(json.loads, items):
                     if item.get("id") == 2:
-                        return indices, routed
-                    indices.append(int(item["params"]["update"]["content"]["text"].split(":")[0]))
+                        assert item["result"]["stopReason"] == "end_turn", item
+                        return delivered, routed, peak
+                    if item["method"] == protocol.MESSAGE_TOO_LARGE_METHOD:
+                        delivered.append(item["params"])
+                    else:
+                        delivered.append(int(item["params"]["update"]["content"]["text"].split(":")[0]))
         finally:
             lease.release()
     finally:
@@ -541,12 +549,30 @@ async def stream_through_host(budget: int, chunks: int) -> tuple[list[int], int]
 
 
 async def test_with_room_an_sdk_agents_frames_skip_the_router_in_order() -> None:
-    indices, routed = await stream_through_host(4 * 1024 * KiB, 300)
+    indices, routed, _ = await stream_through_host(4 * 1024 * KiB, 300)
     assert indices == list(range(300))
     assert routed < 10  # direct: the chunks never waited in the agent's outbox
 
 
-async def test_without_room_the_frames_wait_for_the_router_and_keep_their_order() -> None:
-    indices, routed = await stream_through_host(16 * KiB, 300)  # ~70 chunks fill the budget
+async def test_without_room_the_agent_waits_and_nothing_queues_outside_the_budget() -> None:
+    """A full budget pauses the agent as it hands a frame over; frames never pile up in its
+    outbox uncounted (before: up to 64 frames of any size waited there for the router)."""
+    indices, routed, peak = await stream_through_host(16 * KiB, 300)  # ~70 chunks fill the budget
     assert indices == list(range(300))
-    assert routed > 10  # backpressure: queued for the router while the reader was behind
+    assert routed < 10
+    assert peak <= 16 * KiB + 1 * KiB  # the budget and the one frame being handed over
+
+
+async def test_large_frames_count_from_the_hand_over() -> None:
+    """Frames of 12 KiB against a 16 KiB budget: at most the budget plus one frame is held."""
+    indices, _, peak = await stream_through_host(16 * KiB, 40, size=12 * KiB)
+    assert indices == list(range(40))
+    assert peak <= 16 * KiB + 13 * KiB
+
+
+async def test_a_message_larger_than_the_budget_is_refused_with_a_notice_in_its_place() -> None:
+    delivered, _, peak = await stream_through_host(16 * KiB, 3, size=20 * KiB)
+    assert [notice["method"] for notice in delivered] == ["session/update"] * 3
+    assert all(notice["limit"] == 16 * KiB and notice["size"] > 20 * KiB for notice in delivered)
+    assert all(isinstance(notice["sessionId"], str) for notice in delivered)
+    assert peak < 16 * KiB

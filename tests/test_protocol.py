@@ -1140,3 +1140,51 @@ def test_property_parse_frame_never_raises_on_text(raw: str) -> None:
     if isinstance(frame, Malformed):
         assert serialize_frame(frame) == raw
         sse_event(serialize_frame(frame))
+
+
+class TestRefuseOversized:
+    """An agent frame over the connection's budget is replaced, message by message (§6.7)."""
+
+    def test_a_reply_becomes_an_error_with_its_id(self) -> None:
+        refused = protocol.refuse_oversized(Single({"jsonrpc": "2.0", "id": 7, "result": {"x": 1}}), 100, 10)
+        assert refused.to_agent == []
+        assert isinstance(refused.to_client, Single)
+        assert refused.to_client.message["id"] == 7
+        assert refused.to_client.message["error"]["code"] == protocol.INTERNAL_ERROR
+        assert refused.to_client.message["error"]["data"] == {"size": 100, "limit": 10}
+
+    def test_an_agent_request_is_answered_to_the_agent(self) -> None:
+        request = {"jsonrpc": "2.0", "id": "w", "method": "fs/write_text_file", "params": {"sessionId": "s"}}
+        refused = protocol.refuse_oversized(Single(request), 100, 10)
+        assert refused.to_client is None
+        assert [reply["id"] for reply in refused.to_agent] == ["w"]
+        assert protocol.is_error_response(refused.to_agent[0])
+
+    def test_a_notification_becomes_a_notice_on_the_same_session(self) -> None:
+        update = {"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1", "update": {}}}
+        refused = protocol.refuse_oversized(Single(update), 100, 10)
+        assert isinstance(refused.to_client, Single)
+        notice = refused.to_client.message
+        assert notice["method"] == protocol.MESSAGE_TOO_LARGE_METHOD
+        assert notice["params"] == {"method": "session/update", "sessionId": "s1", "size": 100, "limit": 10}
+        assert protocol.route_outbound(refused.to_client, lambda _: False) == "s1"
+
+    def test_a_batch_is_refused_entry_by_entry(self) -> None:
+        batch = Batch(
+            [
+                {"jsonrpc": "2.0", "id": 1, "result": None},
+                {"jsonrpc": "2.0", "id": 2, "method": "session/request_permission", "params": {}},
+                {"jsonrpc": "2.0", "method": "session/update", "params": {}},
+                protocol.MalformedEntry(5),
+            ]
+        )
+        refused = protocol.refuse_oversized(batch, 100, 10)
+        assert isinstance(refused.to_client, Batch)
+        client = refused.to_client.entries
+        assert [entry.get("id") for entry in client if isinstance(entry, dict)] == [1, None, None]
+        assert [entry["id"] for entry in refused.to_agent] == [2]
+
+    def test_malformed_output_becomes_a_notice(self) -> None:
+        refused = protocol.refuse_oversized(protocol.parse_frame("{" * 50), 50, 10)
+        assert isinstance(refused.to_client, Single)
+        assert refused.to_client.message["params"]["method"] is None

@@ -6,9 +6,16 @@ a scripted agent in tests) turns one ACP connection's frames into whatever its a
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeAlias
 
 from acp_channels.protocol import Frame
+
+#: Optional on an adapter: `direct_sink(sink, room)`. The host's sink routes a frame as the agent
+#: hands it over (and counts its bytes from then); the adapter awaits `room` after each frame the
+#: sink took, which pauses the agent while the connection's output budget is full.
+FrameSink: TypeAlias = Callable[[Frame], bool]
+RoomWaiter: TypeAlias = Callable[[], Awaitable[None]]
 
 
 class AgentChannel(Protocol):

@@ -28,7 +28,7 @@ from acp.agent.connection import AgentSideConnection
 from acp.exceptions import RequestError
 
 from acp_channels import protocol
-from acp_channels.agents.channel import AgentClosed
+from acp_channels.agents.channel import AgentClosed, FrameSink, RoomWaiter
 from acp_channels.handoff import HandoffQueue
 from acp_channels.protocol import Batch, Frame, Malformed, MalformedEntry, Message, Single
 
@@ -83,7 +83,8 @@ class SdkAgentChannel:
         self._closed = False
         self._ended = False
         #: Where frames go without the outbox queue while nothing waits in it (direct_sink).
-        self._sink: Callable[[Frame], bool] | None = None
+        self._sink: FrameSink | None = None
+        self._room: RoomWaiter | None = None
         self._connection = AgentSideConnection(agent, _SdkTransport(self), listening=False, use_unstable_protocol=True)
         inner: Handler = self._connection._conn._handler
         self._connection._conn._handler = self._wrap_handler(inner)
@@ -207,12 +208,15 @@ class SdkAgentChannel:
         """The grouped reply, in entry order; a big one is put together a slice at a time."""
         return Batch(await protocol.run_in_slices(_regrouped(reply.slots)))
 
-    def direct_sink(self, sink: Callable[[Frame], bool] | None) -> None:
+    def direct_sink(self, sink: FrameSink | None, room: RoomWaiter | None = None) -> None:
         """Hand the agent's frames to `sink` as they are emitted, on the agent's task, while the
         outbox queue is empty (so the order stays the emission order) and `sink` takes them
         (returns True); else they are queued for `receive` as before. Saves a queue hand-off
-        and a task wake-up per message (bench/PROFILE.md)."""
+        and a task wake-up per message (bench/PROFILE.md). After each frame the sink took, the
+        agent waits for `room`: the host counts a frame's bytes from the moment it takes it,
+        and pauses the agent there while its budget is full."""
         self._sink = sink
+        self._room = room
 
     def _sunk(self, frame: Frame) -> bool:
         """Whether the direct sink took `frame` (only while nothing waits in the outbox)."""
@@ -222,6 +226,8 @@ class SdkAgentChannel:
     async def _emit(self, frame: Frame) -> None:
         if not self._sunk(frame):
             await self._outbox.put(frame)
+        elif self._room is not None:
+            await self._room()
 
     # -- the SDK side ------------------------------------------------------------------------
 
@@ -293,6 +299,8 @@ class _SdkTransport:
             frame = Single(message)
             if not channel._sunk(frame):
                 await channel._outbox.put(frame)
+            elif channel._room is not None:
+                await channel._room()
         else:
             await channel._complete(message["id"], message)
 

@@ -44,7 +44,7 @@ from subprocess import PIPE, SubprocessError
 from typing import Any, Final
 
 from acp_channels import protocol
-from acp_channels.agents.channel import AgentClosed
+from acp_channels.agents.channel import AgentClosed, FrameSink, RoomWaiter
 from acp_channels.identity import AgentContext
 from acp_channels.protocol import Frame, Malformed, Single
 
@@ -230,6 +230,8 @@ class StdioAgentChannel:
         self._grace = shutdown_grace
         self._max_line = max_line_bytes
         self._outbox: asyncio.Queue[Frame | None] = asyncio.Queue(maxsize=1)
+        self._sink: FrameSink | None = None  # see direct_sink
+        self._room: RoomWaiter | None = None
         self._pending: dict[str, list[Any]] = {}  # id key -> the ids of unanswered client requests
         self._write_lock = asyncio.Lock()
         self._started = asyncio.Event()  # the process was started, or could not be
@@ -289,6 +291,18 @@ class StdioAgentChannel:
             if self._closing or self._reported:
                 self._untrack(keys)
                 raise AgentClosed("agent process is not running") from error
+
+    def direct_sink(self, sink: FrameSink | None, room: RoomWaiter | None = None) -> None:
+        """Hand each output line's frame to `sink` as it is read, while nothing waits in the
+        outbox (the order stays the agent's); then wait for `room` before reading the next line.
+        The host counts a frame from the moment it takes it, so what a connection holds of its
+        agent's output is its budget plus the line being handed over."""
+        self._sink = sink
+        self._room = room
+
+    def _sunk(self, frame: Frame) -> bool:
+        sink = self._sink
+        return sink is not None and self._outbox.empty() and sink(frame)
 
     async def receive(self) -> Frame | None:
         if self._finished:
@@ -388,7 +402,10 @@ class StdioAgentChannel:
                     continue
                 frame = protocol.parse_frame(text)
                 self._settle(frame)
-                await self._outbox.put(frame)
+                if not self._sunk(frame):
+                    await self._outbox.put(frame)
+                elif self._room is not None:
+                    await self._room()  # stdout is not read meanwhile: the agent blocks on its pipe
         except Exception:
             logger.exception("reading the output of the agent for connection %s failed", self.connection_id)
         self._stdout_ended.set()
