@@ -330,7 +330,7 @@ def raise_refusal(connection_id: str, refusal: ErrorReply) -> NoReturn:
     if isinstance(refusal, SessionRefused):
         raise SessionHeaderError(refusal.text)
     if isinstance(refusal, TooManyPending):
-        raise TooManyRequests(refusal.limit)
+        raise TooManyRequests(refusal.limit, "bytes" if refusal.unit == "bytes" else "requests")
     if isinstance(refusal, Busy):
         raise StreamBusy
     if isinstance(refusal, StreamsFull):
@@ -691,7 +691,7 @@ async def serve_submit(op: Submit) -> Reply:
     except SessionHeaderError as error:
         return SessionRefused(str(error))
     except TooManyRequests as error:
-        return TooManyPending(error.limit)
+        return TooManyPending(error.limit, error.unit)
     except AgentClosed:
         return Closed()
     return Submitted()

@@ -44,6 +44,7 @@ FORGOTTEN_STREAMS: Final = 1024
 #: The JSON-RPC error a WebSocket request over MAX_PENDING_REQUESTS gets instead of forwarding.
 TOO_MANY_REQUESTS_CODE: Final = -32000
 TOO_MANY_REQUESTS_MESSAGE: Final = "too many requests in flight"
+TOO_MANY_REQUEST_BYTES_MESSAGE: Final = "the requests in flight hold too many bytes"
 
 
 def _setting(name: str) -> Any:
@@ -100,12 +101,18 @@ class TooManyStreams(Exception):
         self.limit = limit
 
 
-class TooManyRequests(Exception):
-    """A POST would put the connection over MAX_PENDING_REQUESTS (429); nothing was forwarded."""
+PendingUnit = Literal["requests", "bytes"]
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit)
+
+class TooManyRequests(Exception):
+    """A POST would put the connection over MAX_PENDING_REQUESTS (429), or the bytes of the
+    requests waiting for the agent over MAX_BODY_BYTES (per connection) or
+    MAX_WORKER_BUFFERED_BYTES (summed over the worker): `unit` says which. Nothing was forwarded."""
+
+    def __init__(self, limit: int, unit: PendingUnit = "requests") -> None:
+        super().__init__(limit, unit)
         self.limit = limit
+        self.unit = unit
 
 
 def _wake(waiters: set[asyncio.Future[None]]) -> None:
@@ -121,6 +128,8 @@ class WorkerBudget:
     def __init__(self, limit: Callable[[], int]) -> None:
         self._limit = limit  # read at use time: settings may change (tests)
         self.used = 0
+        #: Bytes of client requests handed to agents and not answered yet, every connection.
+        self.requests_used = 0
         # Futures, not an Event: this object outlives event loops (one per test).
         self.waiters: set[asyncio.Future[None]] = set()
         #: Every mailbox holding a replay window, on every connection (weakly).
@@ -613,6 +622,10 @@ class ConnectionHost:
         # WebSocket: ids of requests forwarded and not yet answered (one stream: no routes).
         self._socket_requests: dict[str, int] = {}
         self._pending_requests = 0
+        # The size charged to each pending client request (by id key, in order), and their sum.
+        self._request_bytes: dict[str, deque[int]] = {}
+        self._pending_bytes = 0
+        self._worker_budget = worker_budget
         # The stream each pending agent->client request went to, by id.
         self._agent_requests: dict[str, StreamKey] = {}
         self._router: asyncio.Task[None] | None = None
@@ -652,7 +665,10 @@ class ConnectionHost:
         limit: int = _setting("MAX_PENDING_REQUESTS")
         if plan.routes and self._pending_requests + len(plan.routes) > limit:
             raise TooManyRequests(limit)
+        request_bytes = self._check_request_bytes(plan.frame) if plan.routes else 0
         self._match_responses(plan)
+        if plan.routes:
+            self._charge_requests(request_bytes, [key for key, _ in plan.routes])
         for session_id in plan.sessions:
             self.stream(session_id)
         for key, route in plan.routes:
@@ -675,10 +691,19 @@ class ConnectionHost:
             if "method" in message and message.get("id") is not None
         ]
         limit: int = _setting("MAX_PENDING_REQUESTS")
-        if ids and self._pending_requests + len(ids) > limit:
+        refusal: TooManyRequests | None = TooManyRequests(limit) if self._pending_requests + len(ids) > limit else None
+        request_bytes = 0
+        if ids and refusal is None:
+            try:
+                request_bytes = self._check_request_bytes(frame)
+            except TooManyRequests as refused:
+                refusal = refused
+        if ids and refusal is not None:
             await self._budget.wait_for_room()  # refusals are output too: a client that does not read waits
-            self.socket_outbox.push(protocol.serialize_frame(too_many_requests_reply(frame, ids, limit)))
+            self.socket_outbox.push(protocol.serialize_frame(too_many_requests_reply(frame, ids, refusal)))
             return
+        if ids:
+            self._charge_requests(request_bytes, [protocol.id_key(request_id) for request_id in ids])
         for request_id in ids:
             key = protocol.id_key(request_id)
             self._socket_requests[key] = self._socket_requests.get(key, 0) + 1
@@ -688,6 +713,54 @@ class ConnectionHost:
                 self._socket_initializing.add(protocol.id_key(message["id"]))
         metrics.record_messages_in(self.transport, frame)
         await self.agent.send(frame)
+
+    def _check_request_bytes(self, frame: Frame) -> int:
+        """The size of a frame with requests, or TooManyRequests: a connection's requests in
+        flight hold at most one body's worth (MAX_BODY_BYTES; a frame always fits when none is
+        pending), every connection's together at most MAX_WORKER_BUFFERED_BYTES (the same)."""
+        size = len(protocol.serialize_frame(frame))
+        connection_limit: int = _setting("MAX_BODY_BYTES")
+        if self._pending_bytes and self._pending_bytes + size > connection_limit:
+            raise TooManyRequests(connection_limit, "bytes")
+        worker = self._worker_budget
+        if worker is not None:
+            worker_limit: int = _setting("MAX_WORKER_BUFFERED_BYTES")
+            if worker.requests_used and worker.requests_used + size > worker_limit:
+                raise TooManyRequests(worker_limit, "bytes")
+        return size
+
+    def _charge_requests(self, size: int, keys: list[str]) -> None:
+        """Count a frame's bytes against its requests until each is answered (the agent holds
+        them meanwhile: an SDK agent's handler task, a stdio agent's pipe)."""
+        if self._worker_budget is not None:
+            self._worker_budget.requests_used += size
+        self._pending_bytes += size
+        share, extra = divmod(size, len(keys))
+        for index, key in enumerate(keys):
+            self._request_bytes.setdefault(key, deque()).append(share + (extra if index == 0 else 0))
+
+    def _release_request(self, key: str) -> None:
+        """The request `key` (the oldest of that id) is answered: its bytes no longer count."""
+        charges = self._request_bytes.get(key)
+        if not charges:
+            return
+        size = charges.popleft()
+        if not charges:
+            del self._request_bytes[key]
+        self._pending_bytes -= size
+        if self._worker_budget is not None:
+            self._worker_budget.requests_used -= size
+
+    def _release_all_requests(self) -> None:
+        if self._worker_budget is not None:
+            self._worker_budget.requests_used -= self._pending_bytes
+        self._pending_bytes = 0
+        self._request_bytes.clear()
+
+    @property
+    def pending_request_bytes(self) -> int:
+        """Bytes of client requests forwarded to the agent and not yet answered."""
+        return self._pending_bytes
 
     def _match_responses(self, plan: InboundPlan) -> None:
         """Check the session header of responses to agent requests, then forget those requests."""
@@ -1028,6 +1101,7 @@ class ConnectionHost:
                     advertised = True
             count = self._socket_requests.get(key, 0)
             if count:
+                self._release_request(key)
                 self._pending_requests -= 1
                 if count == 1:
                     del self._socket_requests[key]
@@ -1042,6 +1116,7 @@ class ConnectionHost:
         route = routes.popleft()
         if not routes:
             del self._routes[key]
+        self._release_request(key)
         self._pending_requests -= 1
         if route is not None:
             pins = self._route_pins[route] - 1
@@ -1074,6 +1149,7 @@ class ConnectionHost:
         self._socket_requests.clear()
         self._socket_initializing.clear()
         self._pending_requests = 0
+        self._release_all_requests()
         self._stop_grace()
         for mailbox in self._streams.values():
             mailbox.close()
@@ -1091,12 +1167,13 @@ class ConnectionHost:
         await self.agent.close()
 
 
-def too_many_requests_reply(frame: Frame, ids: list[Any], limit: int) -> Frame:
+def too_many_requests_reply(frame: Frame, ids: list[Any], refusal: TooManyRequests) -> Frame:
     """The error replies a refused WebSocket frame gets: one per request, a batch for a batch."""
-    errors = [
-        protocol.error_response(request_id, TOO_MANY_REQUESTS_CODE, TOO_MANY_REQUESTS_MESSAGE, {"limit": limit})
-        for request_id in ids
-    ]
+    if refusal.unit == "bytes":
+        message, data = TOO_MANY_REQUEST_BYTES_MESSAGE, {"limit": refusal.limit, "unit": "bytes"}
+    else:
+        message, data = TOO_MANY_REQUESTS_MESSAGE, {"limit": refusal.limit}
+    errors = [protocol.error_response(request_id, TOO_MANY_REQUESTS_CODE, message, data) for request_id in ids]
     return Batch(list[protocol.BatchEntry](errors)) if isinstance(frame, Batch) else Single(errors[0])
 
 

@@ -63,6 +63,10 @@ TOO_MANY_CONNECTIONS_FOR_PRINCIPAL = "too many ACP connections for you on this s
 WORKER_BUDGET_FULL = "this server is holding too much undelivered output; try again"
 TOO_MANY_SESSION_STREAMS = "too many session streams on this connection (at most {limit}); close one and try again"
 TOO_MANY_PENDING_REQUESTS = "too many requests in flight on this connection (at most {limit}); wait for replies"
+TOO_MANY_PENDING_BYTES = (
+    "the requests in flight on this connection (or this worker) hold too many bytes (at most {limit}); "
+    "wait for replies"
+)
 #: Retry-After seconds: connections live long, undelivered output drains as readers read, and a
 #: connection's own streams and requests free up as soon as it closes or gets replies.
 RETRY_AFTER_CONNECTIONS = 10
@@ -202,7 +206,8 @@ async def post(request: HttpRequest, principal: Principal) -> HttpResponseBase:
     except SessionHeaderError as error:
         return text_response(400, str(error))
     except TooManyRequests as error:
-        return retry_later(429, TOO_MANY_PENDING_REQUESTS.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
+        text = TOO_MANY_PENDING_BYTES if error.unit == "bytes" else TOO_MANY_PENDING_REQUESTS
+        return retry_later(429, text.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
     except REACHING_THE_HOST as error:
         return host_unavailable(error)
     except AgentClosed:

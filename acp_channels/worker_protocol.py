@@ -28,7 +28,7 @@ handler returns can overwrite the envelope (`id`, `type`).
 Ops (wire name): fields -> replies (the ErrorReply ones are refusals the caller maps):
 
 - `Submit` (submit): connection, principal, text, routes, sessions, header -> Submitted;
-  UnknownConnection, SessionRefused(text), TooManyPending(limit), Closed
+  UnknownConnection, SessionRefused(text), TooManyPending(limit, unit), Closed
 - `SubmitOnSocket` (socket-submit): connection, principal, text, socket (the lease id of a
   socket reattached on the caller's worker) -> SocketSubmitted(counted); UnknownConnection, Closed
 - `ReplyFromTransport` (reply): connection, principal, text -> Replied; UnknownConnection, Closed
@@ -231,6 +231,7 @@ class SessionRefused(ErrorReply):
 @dataclass(frozen=True, slots=True)
 class TooManyPending(ErrorReply):
     limit: int
+    unit: str  # "requests" (MAX_PENDING_REQUESTS) or "bytes" (what those requests hold)
 
 
 @message("busy")

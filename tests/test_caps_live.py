@@ -20,7 +20,8 @@ from tests.conftest import SHAPES, start_server
 from tests.live import JSON, SSE, DaphneServer, SseReader, initialize, notification, open_sse, post, rpc
 from tests.test_wire_websocket import open_ws, receive, send
 
-CAPS_ENV = {"ACP_AGENT": "tests.caps_agent.create", "ACP_MAX_PENDING_REQUESTS": "3"}
+CAPS_ENV = {"ACP_AGENT": "tests.caps_agent.create", "ACP_MAX_PENDING_REQUESTS": "3", "ACP_MAX_BODY_BYTES": "262144"}
+PAD = "x" * 150 * 1024  # two requests with this much wait for the agent: over MAX_BODY_BYTES
 TEXT = "text/plain; charset=utf-8"
 T = 10.0
 
@@ -155,6 +156,38 @@ async def test_websocket_requests_over_the_pending_cap_get_errors_and_reach_noth
         reply = await receive(ws)
         assert reply["id"] == "received"
         assert [frame for frame in reply["result"]["frames"] if '"over"' in frame or '"b1"' in frame] == []
+
+
+async def test_posts_whose_requests_would_hold_over_a_body_get_429_until_answered(
+    caps_server: DaphneServer | Cluster, http: httpx.AsyncClient
+) -> None:
+    url = caps_server.url
+    connection_id = await initialize(http, url)
+    async with open_sse(http, url, connection_id) as stream:
+        assert (await post(http, url, rpc(1, "caps/hold", {"pad": PAD}), connection_id)).status_code == 202
+        assert_refused(
+            await post(http, url, rpc(2, "caps/hold", {"pad": PAD}), connection_id),
+            429,
+            "the requests in flight on this connection (or this worker) hold too many bytes (at most 262144)",
+        )
+        assert (await post(http, url, notification("caps/answer_held"), connection_id)).status_code == 202
+        assert (await stream.next(T))["id"] == 1
+        assert (await post(http, url, rpc(2, "caps/hold", {"pad": PAD}), connection_id)).status_code == 202
+    await http.delete(url, headers={"Acp-Connection-Id": connection_id})
+
+
+async def test_websocket_requests_that_would_hold_over_a_body_get_errors(caps_server: DaphneServer | Cluster) -> None:
+    error = {
+        "code": -32000,
+        "message": "the requests in flight hold too many bytes",
+        "data": {"limit": 262144, "unit": "bytes"},
+    }
+    async with open_ws(caps_server.ws_url) as ws:
+        await send(ws, rpc(1, "caps/hold", {"pad": PAD}))
+        await send(ws, rpc(2, "caps/hold", {"pad": PAD}))
+        assert await receive(ws) == {"jsonrpc": "2.0", "id": 2, "error": error}
+        await send(ws, notification("caps/answer_held"))
+        assert (await receive(ws))["id"] == 1
 
 
 # -- the worker's caps ---------------------------------------------------------------------------

@@ -59,6 +59,7 @@ async def hosts() -> AsyncIterator[Callable[..., ConnectionHost]]:
     must leave the worker budget where it found it."""
     made: list[ConnectionHost] = []
     worker_before = registry.budget.used
+    requests_before = registry.budget.requests_used
 
     def make(transport: TransportKind = "http", budget: int = 1024 * KiB) -> ConnectionHost:
         host = registry.create(
@@ -72,6 +73,7 @@ async def hosts() -> AsyncIterator[Callable[..., ConnectionHost]]:
     for host in made:
         await host.terminate()
     assert registry.budget.used == worker_before
+    assert registry.budget.requests_used == requests_before
 
 
 def plan(message: dict[str, Any], session: str | None = None) -> protocol.InboundPlan:
@@ -459,6 +461,65 @@ async def test_websocket_requests_past_the_cap_get_errors_and_are_not_forwarded(
         *(rpc(n, "caps/hold") for n in range(3)),
         notification("x/alone"),
     ]
+
+
+async def test_http_requests_holding_more_than_a_body_are_refused_until_answered(
+    hosts: Callable[..., ConnectionHost], caps_settings: dict[str, Any]
+) -> None:
+    """The bytes of requests waiting for the agent are bounded too (before, MAX_PENDING_REQUESTS
+    requests of MAX_BODY_BYTES each could wait: 1,000 x 16 MiB on one connection)."""
+    caps_settings["MAX_BODY_BYTES"] = 64 * KiB
+    host = hosts()
+    await host.submit(plan(rpc(1, "caps/hold", {"pad": "x" * 40 * KiB})))
+    assert 40 * KiB < host.pending_request_bytes < 41 * KiB
+    assert registry.budget.requests_used >= host.pending_request_bytes
+    with pytest.raises(TooManyRequests) as refused:
+        await host.submit(plan(rpc(2, "caps/hold", {"pad": "x" * 30 * KiB})))
+    assert (refused.value.limit, refused.value.unit) == (64 * KiB, "bytes")
+    await host.submit(plan(rpc(3, "caps/hold", {"pad": "x" * 10 * KiB})))  # still fits
+    await host.submit(plan(notification("x/note", {"pad": "x" * 60 * KiB})))  # notifications wait for nothing
+    assert agent_received(host)[-1]["method"] == "x/note"
+    await host.submit(plan(rpc("answer", "caps/answer_held")))
+    lease = host.lease(None)
+    ids: list[Any] = []
+    while "answer" not in ids:
+        items = await lease.take(TIMEOUT)
+        assert items
+        ids += [json.loads(item)["id"] for item in items]
+    lease.release()
+    assert host.pending_request_bytes == 0  # every reply gave its bytes back
+    await host.submit(plan(rpc(4, "caps/hold", {"pad": "x" * 60 * KiB})))
+
+
+async def test_the_worker_bounds_the_request_bytes_of_every_connection(
+    hosts: Callable[..., ConnectionHost], caps_settings: dict[str, Any]
+) -> None:
+    caps_settings["MAX_WORKER_BUFFERED_BYTES"] = registry.budget.requests_used + 100 * KiB
+    first, second = hosts(), hosts()
+    await first.submit(plan(rpc(1, "caps/hold", {"pad": "x" * 80 * KiB})))
+    with pytest.raises(TooManyRequests) as refused:
+        await second.submit(plan(rpc(1, "caps/hold", {"pad": "x" * 30 * KiB})))
+    assert refused.value.unit == "bytes"
+    await first.terminate()  # an ended connection gives its bytes back
+    await second.submit(plan(rpc(1, "caps/hold", {"pad": "x" * 30 * KiB})))
+
+
+async def test_websocket_requests_holding_more_than_a_body_get_errors(
+    hosts: Callable[..., ConnectionHost], caps_settings: dict[str, Any]
+) -> None:
+    caps_settings["MAX_BODY_BYTES"] = 64 * KiB
+    host = hosts("websocket")
+
+    async def send(message: Any) -> None:
+        await host.submit(protocol.InboundPlan(protocol.parse_frame(json.dumps(message)), [], []))
+
+    await send(rpc(1, "caps/hold", {"pad": "x" * 40 * KiB}))
+    await send(rpc(2, "caps/hold", {"pad": "x" * 30 * KiB}))
+    error = {"code": -32000, "message": "the requests in flight hold too many bytes", "data": {"limit": 64 * KiB, "unit": "bytes"}}
+    assert [json.loads(item) for item in await host.socket_outbox.take(TIMEOUT) or []] == [
+        {"jsonrpc": "2.0", "id": 2, "error": error}
+    ]
+    assert [message["id"] for message in agent_received(host)] == [1]
 
 
 async def test_websocket_replies_release_their_count(hosts: Callable[..., ConnectionHost]) -> None:

@@ -99,7 +99,8 @@ SAMPLE_REPLIES: list[Reply] = [
     ConnectionEnded(),
     UnknownConnection(),
     SessionRefused("the header names another session"),
-    TooManyPending(64),
+    TooManyPending(64, "requests"),
+    TooManyPending(16, "bytes"),
     Busy(),
     StreamsFull(16),
     ReplayRefused("gone", "tag:3"),
@@ -344,7 +345,7 @@ async def test_a_result_ready_at_once_needs_no_receipt_a_slow_one_gets_one(buses
 REFUSALS: list[tuple[ErrorReply, type[Exception]]] = [
     (UnknownConnection(), HostUnreachable),
     (SessionRefused("no"), SessionHeaderError),
-    (TooManyPending(3), TooManyRequests),
+    (TooManyPending(3, "requests"), TooManyRequests),
     (Busy(), StreamBusy),
     (StreamsFull(2), TooManyStreams),
     (ReplayRefused("gone", "t:1"), ReplayUnavailable),
