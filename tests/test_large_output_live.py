@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from acp_channels import protocol
+from tests.cluster import Cluster, RedisServer
 from tests.live import (
     DaphneServer,
     RawConnection,
@@ -185,3 +186,33 @@ async def test_a_chunk_over_the_budget_is_refused_over_websocket(server: DaphneS
         await ws.connection.close()
     check_refused(events, session_id, 3)
     assert server.errors() == []
+
+
+async def test_a_non_reading_reader_on_another_worker_holds_both_workers_within_their_budgets(
+    redis_server: RedisServer, http: httpx.AsyncClient
+) -> None:
+    """The host's worker holds the budget; the reader's worker what the host pushed ahead of
+    its acknowledgements (bounded in bytes) and the socket's share."""
+    cluster = Cluster(redis_server, size=2, env=ENV).start()
+    host_worker, reader_worker = cluster.workers
+    readers: list[RawConnection] = []
+    try:
+        sessions = [await http_session(http, host_worker.url) for _ in range(2)]
+        pids = [worker.process.pid for worker in cluster.workers if worker.process is not None]
+        before = [memory(pid)[0] for pid in pids]
+        for pid in pids:
+            assert reset_peak_memory(pid)
+        for connection_id, session_id in sessions:
+            raw = await RawConnection.open(reader_worker.port, receive_buffer=RECEIVE_BUFFER)
+            readers.append(raw)
+            await RawSse.open(raw, connection_id, session_id=session_id)  # and never read
+            text = f"stream {CHUNKS} {CHUNK}"
+            response = await post(http, host_worker.url, prompt(2, session_id, text), connection_id, session_id)
+            assert response.status_code == 202, response.text
+        growth = [await settled_peak(pid) - rss for pid, rss in zip(pids, before, strict=True)]
+    finally:
+        for raw in readers:
+            await raw.close()
+        cluster.stop()
+    assert max(growth) < 2 * PER_CONNECTION + SLACK, [f"{size / MiB:.0f} MiB" for size in growth]
+    assert cluster.errors() == []
