@@ -467,6 +467,28 @@ async def test_a_slow_reader_stops_the_router_and_then_the_agent(
     await host.terminate()
 
 
+async def test_a_line_over_the_hosts_budget_is_refused_with_a_notice(start: Start) -> None:
+    """Counted from the hand-over: a stdio agent's line over the whole budget never enters it."""
+    channel = start()
+    host = ConnectionHost("conn-big", channel, "http", max_buffered_bytes=1 * MiB, on_end=lambda host: None)
+    host.start()
+    try:
+        await host.submit(protocol.plan_inbound(Single(prompt(1, f"big {2 * MiB}")), None))
+        lease = host.lease("s1")
+        received: list[Any] = []
+        async with asyncio.timeout(20):
+            while len(received) < 2:
+                assert host.buffered_bytes < MiB
+                received += [json.loads(item) for item in await lease.take(5) or []]
+        notice, reply = received
+        assert notice["method"] == protocol.MESSAGE_TOO_LARGE_METHOD
+        assert notice["params"]["method"] == "session/update" and notice["params"]["sessionId"] == "s1"
+        assert notice["params"]["limit"] == MiB and notice["params"]["size"] > 2 * MiB
+        assert reply == {"jsonrpc": "2.0", "id": 1, "result": {"stopReason": "end_turn"}}
+    finally:
+        await host.terminate()
+
+
 # -- the setting, the checks, the factory ------------------------------------------------------
 
 
