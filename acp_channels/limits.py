@@ -40,6 +40,34 @@ HEADERS_TOO_LARGE: Final = "request header fields too large"
 REQUEST_LINE_TOO_LONG: Final = "request line too long"
 HEADERS_TIMEOUT: Final = "request headers not received in time"
 BODY_TIMEOUT: Final = "request body not received in time"
+BODIES_FULL: Final = "this server is receiving too many request bodies at once; try again"
+#: Retry-After (seconds) of a 503 at the bodies' budget: bodies are in within BODY_TIMEOUT_SECONDS.
+RETRY_AFTER_BODIES: Final = 1
+
+
+class BodyBudget:
+    """Bytes of ACP request bodies this process holds in memory at once, from the moment
+    `BodyLimit` reads them until the view has answered, summed over every request: without it,
+    many clients posting MAX_BODY_BYTES at once grow a worker by requests x MAX_BODY_BYTES
+    (several times over: the body, its text, its parsed value). Past MAX_WORKER_BUFFERED_BYTES a
+    body is refused with 503 and Retry-After; one body always fits when none is held. (While a
+    large body arrives, daphne keeps it in a temporary file, not in memory.)"""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def reserve(self, size: int, held: int = 0) -> bool:
+        """Count `size` more bytes of a body of which `held` are counted already (False: no room)."""
+        if self.used > held and self.used + size > int(acp_settings.MAX_WORKER_BUFFERED_BYTES):
+            return False
+        self.used += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.used -= size
+
+
+body_budget: Final = BodyBudget()
 
 
 def is_acp_endpoint(path: str, root_path: str = "") -> bool:
@@ -70,14 +98,16 @@ def is_acp_target(target: bytes, root_path: str = "") -> bool:
     return is_acp_endpoint(path, root_path)
 
 
-def plain_text_response(status: int, reason: str, text: str) -> bytes:
+def plain_text_response(status: int, reason: str, text: str, retry_after: int | None = None) -> bytes:
     """A whole HTTP/1.1 response that closes the connection, for answers given by the server
     before any application runs."""
     body = text.encode()
+    retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     head = (
         f"HTTP/1.1 {status} {reason}\r\n"
         "Content-Type: text/plain; charset=utf-8\r\n"
         f"Content-Length: {len(body)}\r\n"
+        f"{retry}"
         "Connection: close\r\n\r\n"
     )
     return head.encode("latin-1") + body
@@ -87,7 +117,8 @@ class BodyLimit:
     """ASGI middleware: the ACP endpoint's requests carry at most MAX_BODY_BYTES of body.
 
     It reads the body itself (at most the limit plus one message) and hands it on as one
-    message; over the limit it answers 413 `POST body too large` with `Connection: close`
+    message, counted in `body_budget` until the application returns (503 past it); over the
+    limit it answers 413 `POST body too large` with `Connection: close`
     without running the application, and reads no more of the body. Under uvicorn a client
     still writing its body may then see a connection reset rather than the answer: uvicorn
     closes at once with the rest of the body unread (it has no lingering close; daphne's guard
@@ -108,33 +139,39 @@ class BodyLimit:
             return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client left before its body was in: nothing to answer
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await _refuse(send)
-                return
-            if chunk:
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        del chunks
-        replayed = False
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return  # the client left before its body was in: nothing to answer
+                chunk = message.get("body", b"")
+                if size + len(chunk) > limit:
+                    await _refuse(send)
+                    return
+                if chunk and not body_budget.reserve(len(chunk), size):
+                    await _refuse(send, 503, BODIES_FULL, RETRY_AFTER_BODIES)
+                    return
+                size += len(chunk)
+                if chunk:
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+            del chunks
+            replayed = False
 
-        async def receive_after_body() -> Message:
-            nonlocal replayed, body
-            if replayed:
-                return await receive()
-            replayed = True
-            message: Message = {"type": "http.request", "body": body, "more_body": False}
-            body = b""
-            return message
+            async def receive_after_body() -> Message:
+                nonlocal replayed, body
+                if replayed:
+                    return await receive()
+                replayed = True
+                message: Message = {"type": "http.request", "body": body, "more_body": False}
+                body = b""
+                return message
 
-        await self.application(scope, receive_after_body, send)
+            await self.application(scope, receive_after_body, send)
+        finally:
+            body_budget.release(size)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -144,19 +181,16 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-async def _refuse(send: Send) -> None:
-    body = BODY_TOO_LARGE.encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
+async def _refuse(send: Send, status: int = 413, text: str = BODY_TOO_LARGE, retry_after: int | None = None) -> None:
+    body = text.encode()
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
