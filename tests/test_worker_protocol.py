@@ -134,7 +134,7 @@ def test_every_op_round_trips(op: Op) -> None:
     assert worker_protocol.decode_op(message) == op
 
 
-@pytest.mark.parametrize("reply", SAMPLE_REPLIES, ids=lambda reply: f"{reply.name}-{id(reply)}")
+@pytest.mark.parametrize("reply", SAMPLE_REPLIES, ids=[f"{reply.name}-{n}" for n, reply in enumerate(SAMPLE_REPLIES)])
 def test_every_reply_round_trips(reply: Reply) -> None:
     message = wire(worker_protocol.encode_reply("w-9", reply))
     assert set(message) == {"type", "id", "reply", "fields"}  # fields can never overwrite the envelope
