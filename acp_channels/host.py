@@ -579,6 +579,7 @@ class ConnectionHost:
         *,
         max_buffered_bytes: int,
         on_end: Callable[[ConnectionHost], None],
+        max_message_bytes: int | None = None,
         worker_budget: WorkerBudget | None = None,
         principal: Principal = ANONYMOUS,
         remote_address: str | None = None,
@@ -598,6 +599,10 @@ class ConnectionHost:
             "window_bytes": min(_setting("REPLAY_WINDOW_BYTES"), max_buffered_bytes // 2),
         }
         self._budget = OutboundBudget(max_buffered_bytes, worker_budget, self._window["window_bytes"])
+        #: The largest agent message relayed (§6.7); a larger one is refused.
+        self.max_message_bytes = (
+            max_message_bytes if max_message_bytes is not None else largest_agent_message(max_buffered_bytes)
+        )
         self._streams: dict[StreamKey, Mailbox] = {}
         # Streams forgotten with their window: (tag, last seq), so a reader that got everything
         # resumes on the stream made again (bounded: the oldest are forgotten for good).
@@ -1036,7 +1041,7 @@ class ConnectionHost:
 
     def _route(self, frame: Frame) -> None:
         text = protocol.serialize_frame(frame)
-        if len(text) > self._budget.limit:
+        if len(text) > self.max_message_bytes:
             refused = self._refuse_oversized(frame, len(text))
             if refused is None:
                 return
@@ -1056,14 +1061,14 @@ class ConnectionHost:
             self._collect(session_id)
 
     def _refuse_oversized(self, frame: Frame, size: int) -> Frame | None:
-        """An agent frame over the whole budget could never fit: refused (§6.7). Returns what
-        the client gets instead; the agent's own requests in it are answered with an error."""
-        limit = self._budget.limit
+        """An agent frame over max_message_bytes is refused (§6.7). Returns what the client
+        gets instead; the agent's own requests in it are answered with an error."""
+        limit = self.max_message_bytes
         refused = protocol.refuse_oversized(frame, size, limit)
         methods = sorted({str(message.get("method", "reply")) for message in protocol.frame_messages(frame)})
         logger.warning(
-            "connection %s: the agent sent a message of %d characters (%s), over the connection's output "
-            "budget of %d (MAX_BUFFERED_BYTES): refused",
+            "connection %s: the agent sent a message of %d characters (%s), over the largest an agent may "
+            "send (%d: MAX_BODY_BYTES + 1 MiB, or MAX_BUFFERED_BYTES if larger): refused",
             self.connection_id,
             size,
             ", ".join(methods) or "malformed",
@@ -1167,6 +1172,14 @@ class ConnectionHost:
         await self.agent.close()
 
 
+def largest_agent_message(max_buffered_bytes: int) -> int:
+    """The largest agent message a connection relays (§6.7): as large as a client's body plus an
+    envelope, or the whole budget if that is larger. A message larger than what the budget has
+    left still goes (the agent then waits until readers take it): a connection holds at most
+    its budget plus the message each of its agent's tasks is handing over."""
+    return max(max_buffered_bytes, int(_setting("MAX_BODY_BYTES")) + protocol.MESSAGE_HEADROOM)
+
+
 def too_many_requests_reply(frame: Frame, ids: list[Any], refusal: TooManyRequests) -> Frame:
     """The error replies a refused WebSocket frame gets: one per request, a batch for a batch."""
     if refusal.unit == "bytes":
@@ -1205,6 +1218,7 @@ class Registry:
         max_buffered_bytes: int,
         principal: Principal = ANONYMOUS,
         remote_address: str | None = None,
+        max_message_bytes: int | None = None,
     ) -> ConnectionHost:
         """A new connection `connection_id` owned by `principal`, with a new agent (the factory
         gets the connection's AgentContext: whom it serves, the connection id, transport,
@@ -1231,6 +1245,7 @@ class Registry:
             agent_factory(context),
             transport,
             max_buffered_bytes=max_buffered_bytes,
+            max_message_bytes=max_message_bytes,
             on_end=self._forget,
             worker_budget=self.budget,
             principal=principal,

@@ -58,8 +58,8 @@ messages_in: Final[dict[str, int]] = {"http": 0, "websocket": 0}
 messages_out: Final[dict[str, int]] = {"http": 0, "websocket": 0}
 OUTPUT_REFUSED: Final = Counter(
     "acp_output_refused",
-    "Agent messages refused because they were larger than their connection's whole output budget "
-    "(MAX_BUFFERED_BYTES): replaced by an error or a notice (docs/wire-contract.md §6.7).",
+    "Agent messages refused for their size (over MAX_BODY_BYTES + 1 MiB, and over MAX_BUFFERED_BYTES): "
+    "replaced by an error or a notice (docs/wire-contract.md §6.7).",
     ["transport"],
 )
 # Bound once: a label lookup costs more than the increment.

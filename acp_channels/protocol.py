@@ -370,10 +370,14 @@ def error_response(request_id: Any, code: int, message: str, data: Any = None) -
     return {"jsonrpc": JSONRPC_VERSION, "id": request_id, "error": error}
 
 
+#: An agent message may be as large as a client's body (MAX_BODY_BYTES) plus this, for the
+#: envelope a reply wraps around what it echoes (§6.7; a stdio agent's output line, the same).
+MESSAGE_HEADROOM: Final = 1024 * 1024
+
 #: What an agent message larger than its connection's output budget becomes (§6.7): replies an
 #: error, the agent's own requests an error back to the agent, notifications this notice.
 MESSAGE_TOO_LARGE_METHOD: Final = "_acp-channels/message_too_large"
-MESSAGE_TOO_LARGE: Final = "message larger than the connection's output budget (MAX_BUFFERED_BYTES)"
+MESSAGE_TOO_LARGE: Final = "agent message too large (over MAX_BODY_BYTES + 1 MiB, and over MAX_BUFFERED_BYTES)"
 
 
 @dataclass(frozen=True, slots=True)

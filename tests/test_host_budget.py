@@ -515,7 +515,11 @@ async def test_websocket_requests_holding_more_than_a_body_get_errors(
 
     await send(rpc(1, "caps/hold", {"pad": "x" * 40 * KiB}))
     await send(rpc(2, "caps/hold", {"pad": "x" * 30 * KiB}))
-    error = {"code": -32000, "message": "the requests in flight hold too many bytes", "data": {"limit": 64 * KiB, "unit": "bytes"}}
+    error = {
+        "code": -32000,
+        "message": "the requests in flight hold too many bytes",
+        "data": {"limit": 64 * KiB, "unit": "bytes"},
+    }
     assert [json.loads(item) for item in await host.socket_outbox.take(TIMEOUT) or []] == [
         {"jsonrpc": "2.0", "id": 2, "error": error}
     ]
@@ -567,7 +571,11 @@ async def stream_through_host(budget: int, chunks: int, size: int = 200) -> tupl
     from demo_project.agent import create_agent
 
     host = registry.create(
-        lambda _: SdkAgentChannel(create_agent()), "http", connection_id=new_connection_id(), max_buffered_bytes=budget
+        lambda _: SdkAgentChannel(create_agent()),
+        "http",
+        connection_id=new_connection_id(),
+        max_buffered_bytes=budget,
+        max_message_bytes=budget,
     )
     routed = 0
     real_receive = host.agent.receive

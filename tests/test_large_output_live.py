@@ -8,8 +8,8 @@ session stream (SSE) or a WebSocket that never reads (4 KiB receive buffer), eac
 `stream 60 3000000` (180 MB offered per connection, chunks under the 8 MiB budget). The peak
 RSS growth must stay within the four budgets plus the chunk each agent is handing over (a
 small multiple of it: the agent's string, the SDK's model, our serialization) and a fixed
-slack; the exact figures are in bench/ (python -m bench.adversarial --scenarios large). And a
-chunk over the whole budget is refused with a notice in its place, the turn still ending.
+slack; the exact figures are in bench/ (bench/ADVERSARIAL-LARGE.md). And a chunk over the
+largest message allowed is refused with a notice in its place, the turn still ending.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ PER_CONNECTION = BUDGET + 5 * CHUNK
 #: Allocator slack, the server's socket buffers and everything the first requests warm up.
 SLACK = 64 * MiB
 RECEIVE_BUFFER = 4096
-ENV = {"ACP_MAX_BUFFERED_BYTES": str(BUDGET), "ACP_KEEPALIVE_SECONDS": "60"}
+#: A 1 MiB body limit: an agent message over the budget (8 MiB) is then over the largest allowed.
+ENV = {"ACP_MAX_BUFFERED_BYTES": str(BUDGET), "ACP_KEEPALIVE_SECONDS": "60", "ACP_MAX_BODY_BYTES": str(MiB)}
 
 
 @pytest.fixture
@@ -164,7 +165,7 @@ def check_refused(events: list[dict[str, object]], session_id: str, chunks: int)
         assert params["limit"] == BUDGET and params["size"] > BUDGET
 
 
-async def test_a_chunk_over_the_budget_is_refused_over_sse(server: DaphneServer, http: httpx.AsyncClient) -> None:
+async def test_a_chunk_over_the_largest_message_is_refused_over_sse(server: DaphneServer, http: httpx.AsyncClient) -> None:
     connection_id, session_id = await http_session(http, server.url)
     async with open_sse(http, server.url, connection_id, session_id) as stream:
         response = await post(
@@ -173,11 +174,11 @@ async def test_a_chunk_over_the_budget_is_refused_over_sse(server: DaphneServer,
         assert response.status_code == 202, response.text
         events = [await stream.next() for _ in range(4)]
     check_refused(events, session_id, 3)
-    assert any("over the connection's output budget" in line for line in server.log)
+    assert any("over the largest an agent may send" in line for line in server.log)
     assert server.errors() == []
 
 
-async def test_a_chunk_over_the_budget_is_refused_over_websocket(server: DaphneServer) -> None:
+async def test_a_chunk_over_the_largest_message_is_refused_over_websocket(server: DaphneServer) -> None:
     ws, session_id = await websocket_session(server.port)
     try:
         await ws.send_text(json.dumps(prompt(2, session_id, f"stream 3 {BUDGET + 1}")))

@@ -470,7 +470,9 @@ async def test_a_slow_reader_stops_the_router_and_then_the_agent(
 async def test_a_line_over_the_hosts_budget_is_refused_with_a_notice(start: Start) -> None:
     """Counted from the hand-over: a stdio agent's line over the whole budget never enters it."""
     channel = start()
-    host = ConnectionHost("conn-big", channel, "http", max_buffered_bytes=1 * MiB, on_end=lambda host: None)
+    host = ConnectionHost(
+        "conn-big", channel, "http", max_buffered_bytes=1 * MiB, max_message_bytes=1 * MiB, on_end=lambda host: None
+    )
     host.start()
     try:
         await host.submit(protocol.plan_inbound(Single(prompt(1, f"big {2 * MiB}")), None))

@@ -76,7 +76,7 @@ CONFIGURE_KEYS: Final = ("command", "cwd", "env")
 
 DEFAULT_SHUTDOWN_GRACE: Final = 2.0
 #: Agent output lines may exceed the body limit by this much (the JSON-RPC envelope of a reply).
-LINE_HEADROOM: Final = 1024 * 1024
+LINE_HEADROOM: Final = protocol.MESSAGE_HEADROOM
 #: stdout/stderr are read in chunks of up to this size; a paused reader holds at most twice it.
 READ_CHUNK: Final = 256 * 1024
 STDERR_LINE_MAX: Final = 4096  # characters of one stderr line that reach the log
