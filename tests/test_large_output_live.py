@@ -165,7 +165,9 @@ def check_refused(events: list[dict[str, object]], session_id: str, chunks: int)
         assert params["limit"] == BUDGET and params["size"] > BUDGET
 
 
-async def test_a_chunk_over_the_largest_message_is_refused_over_sse(server: DaphneServer, http: httpx.AsyncClient) -> None:
+async def test_a_chunk_over_the_largest_message_is_refused_over_sse(
+    server: DaphneServer, http: httpx.AsyncClient
+) -> None:
     connection_id, session_id = await http_session(http, server.url)
     async with open_sse(http, server.url, connection_id, session_id) as stream:
         response = await post(
