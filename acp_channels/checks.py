@@ -13,7 +13,7 @@ from django.utils.module_loading import import_string
 
 from acp_channels.agents import stdio
 from acp_channels.agents.factory import factory_problem
-from acp_channels.conf import DEFAULTS, acp_settings
+from acp_channels.conf import DEFAULTS, AcpSettings, acp_settings
 from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS
 
 
@@ -24,30 +24,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
         return [Error("ACP_CHANNELS must be a dict.", id="acp_channels.E000")]
     errors: list[CheckMessage] = []
     errors += _check_agent(raw.get("AGENT"))
-    errors += _check_number("MAX_BODY_BYTES", int, "acp_channels.E002")
-    errors += _check_number("KEEPALIVE_SECONDS", float, "acp_channels.E003")
-    errors += _check_number("MAX_BUFFERED_BYTES", int, "acp_channels.E004")
-    errors += _check_number("INITIALIZE_TIMEOUT", float, "acp_channels.E005", optional=True)
-    errors += _check_number("MAX_CONNECTIONS", int, "acp_channels.E006", optional=True)
-    errors += _check_number("AGENT_SHUTDOWN_GRACE", float, "acp_channels.E013", zero=True)
-    errors += _check_number("SHUTDOWN_GRACE_SECONDS", float, "acp_channels.E011")
-    errors += _check_number("IDLE_TIMEOUT_SECONDS", float, "acp_channels.E012", optional=True)
-    errors += _check_number("WORKER_TIMEOUT_SECONDS", float, "acp_channels.E014")
-    errors += _check_number("MAX_WORKER_BUFFERED_BYTES", int, "acp_channels.E015")
-    errors += _check_number("MAX_SESSION_STREAMS", int, "acp_channels.E016")
-    errors += _check_number("MAX_PENDING_REQUESTS", int, "acp_channels.E017")
-    errors += _check_number("MAX_BATCH_ENTRIES", int, "acp_channels.E018")
-    errors += _check_number("HEADER_TIMEOUT_SECONDS", float, "acp_channels.E019")
-    errors += _check_number("BODY_TIMEOUT_SECONDS", float, "acp_channels.E020")
-    errors += _check_number("REPLAY_WINDOW_EVENTS", int, "acp_channels.E029", zero=True)
-    errors += _check_number("REPLAY_WINDOW_BYTES", int, "acp_channels.E030", zero=True)
-    errors += _check_number("WEBSOCKET_RESUME_SECONDS", float, "acp_channels.E032", zero=True)
-    if not isinstance(acp_settings.METRICS, bool):
-        errors.append(
-            Error(
-                f"ACP_CHANNELS['METRICS'] must be True or False, not {acp_settings.METRICS!r}.", id="acp_channels.E033"
-            )
-        )
+    errors += _check_declared()
     errors += _check_budgets()
     errors += _check_cors()
     errors += _check_authentication(raw.get("AGENT"))
@@ -88,23 +65,14 @@ def _check_agent(path: Any) -> list[CheckMessage]:
     return []
 
 
-def _check_number(
-    name: str, kind: type, check_id: str, *, optional: bool = False, zero: bool = False
-) -> list[CheckMessage]:
-    value: Any = getattr(acp_settings, name)
-    if value is None and optional:
-        return []
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or (kind is int and not isinstance(value, int)) or value < 0 or (value == 0 and not zero):
-        allowed = "a positive number" if kind is float else "a positive integer"
-        if zero:
-            allowed = allowed.replace("positive", "non-negative")
-        return [
-            Error(
-                f"ACP_CHANNELS['{name}'] must be {allowed}{' or None' if optional else ''}, not {value!r}.", id=check_id
-            )
-        ]
-    return []
+def _check_declared() -> list[CheckMessage]:
+    """Every setting whose declaration carries its rule (numbers and flags, conf.AcpSettings)."""
+    errors: list[CheckMessage] = []
+    for name, setting in AcpSettings.declared().items():
+        problem = setting.problem(getattr(acp_settings, name))
+        if problem is not None:
+            errors.append(Error(f"ACP_CHANNELS['{name}'] {problem}.", id=setting.check_id))
+    return errors
 
 
 def _check_budgets() -> list[CheckMessage]:
@@ -224,11 +192,7 @@ def _check_authentication(agent: Any) -> list[CheckMessage]:
             )
         )
     errors += _check_tokens(token_lookup)
-    errors += _check_number("MAX_CONNECTIONS_PER_PRINCIPAL", int, "acp_channels.E025", optional=True)
     allow_anonymous = acp_settings.ALLOW_ANONYMOUS
-    if not isinstance(allow_anonymous, bool):
-        message = f"ACP_CHANNELS['ALLOW_ANONYMOUS'] must be True or False, not {allow_anonymous!r}."
-        errors.append(Error(message, id="acp_channels.E026"))
     if authenticate is None and allow_anonymous is not True:
         if isinstance(agent, Mapping):
             errors.append(

@@ -1,114 +1,187 @@
 """Our settings: the `ACP_CHANNELS` dict in Django settings, shadowed here with defaults.
 
-Read through `acp_settings` at use time (not import time) so `override_settings` works in tests.
-A value is remembered until `setting_changed` says `ACP_CHANNELS` changed (AcpSettings).
-`checks.py` validates every value with a system check id.
+Each key is declared once, on `AcpSettings`, with its default, the type mypy sees
+(`acp_settings.MAX_BODY_BYTES` is an `int`) and, for numbers and flags, the rule `checks.py`
+applies with its system check id. Read through `acp_settings` at use time (not import time) so
+`override_settings` works in tests; a value is remembered until `setting_changed` says
+`ACP_CHANNELS` changed.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from collections.abc import Mapping
+from typing import Any, Final, Generic, TypeVar, overload
 
 from django.conf import settings
 from django.core.signals import setting_changed
 
-DEFAULTS: Final[dict[str, Any]] = {
+T = TypeVar("T")
+MiB: Final = 1024 * 1024
+
+
+class Setting(Generic[T]):
+    """One key of `ACP_CHANNELS`: its default, and what a value must be (`problem`)."""
+
+    def __init__(self, default: T, check_id: str | None = None) -> None:
+        self.default = default
+        self.check_id = check_id
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Setting[T]: ...
+
+    @overload
+    def __get__(self, instance: AcpSettings, owner: type) -> T: ...
+
+    def __get__(self, instance: AcpSettings | None, owner: type) -> Setting[T] | T:
+        if instance is None:
+            return self
+        # Kept on the instance, where it shadows this descriptor until `reload` (the host reads
+        # limits per message; Django's settings and our defaults cost a tenth of a message's CPU).
+        value: T = instance.user_settings().get(self.name, self.default)
+        instance.__dict__[self.name] = value
+        return value
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is not allowed (for the system check), or None. Checked in checks.py
+        when there is no rule here."""
+        return None
+
+
+N = TypeVar("N", bound=float)  # int or float (mypy takes an int where a float is expected)
+
+
+class Number(Setting[N]):
+    """A positive number (`zero`: or 0) of `kind`: int takes integers only, float any number."""
+
+    def __init__(self, default: N, check_id: str, *, zero: bool = False) -> None:
+        super().__init__(default, check_id)
+        self.kind: type = type(default)
+        self.zero = zero
+
+    def allows(self, value: Any) -> bool:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return number and (self.kind is float or isinstance(value, int)) and (value > 0 or (value == 0 and self.zero))
+
+    @property
+    def allowed(self) -> str:
+        allowed = "a positive number" if self.kind is float else "a positive integer"
+        return allowed.replace("positive", "non-negative") if self.zero else allowed
+
+    def problem(self, value: Any) -> str | None:
+        return None if self.allows(value) else f"must be {self.allowed}, not {value!r}"
+
+
+class OptionalNumber(Setting[N | None]):
+    """A Number, or None (no limit)."""
+
+    def __init__(self, default: N | None, kind: type[N], check_id: str) -> None:
+        super().__init__(default, check_id)
+        self._number: Number[N] = Number(kind(1), check_id)
+
+    def problem(self, value: Any) -> str | None:
+        if value is None or self._number.allows(value):
+            return None
+        return f"must be {self._number.allowed} or None, not {value!r}"
+
+
+class Flag(Setting[bool]):
+    def problem(self, value: Any) -> str | None:
+        return None if isinstance(value, bool) else f"must be True or False, not {value!r}"
+
+
+class AcpSettings:
+    """Attribute access to `settings.ACP_CHANNELS` with our defaults filled in, typed."""
+
     # The agent each connection gets. A dotted path to a callable returning a fresh agent: an
     # object written with the official `acp` SDK (an Agent implementation). Or a stdio agent
     # program, one process per connection: {"command": [argv...], "cwd": None, "env_passthrough":
     # [names passed through from the server's environment], "env": {extra variables}}.
-    "AGENT": None,
+    AGENT: Setting[str | Mapping[str, Any] | None] = Setting(None, "acp_channels.E001")
     # Seconds a stdio agent gets to exit after its stdin is closed, and again after SIGTERM,
     # before it is killed.
-    "AGENT_SHUTDOWN_GRACE": 2.0,
+    AGENT_SHUTDOWN_GRACE = Number(2.0, "acp_channels.E013", zero=True)
     # Largest POST body accepted; larger gets 413 (the reference's 16 MiB).
-    "MAX_BODY_BYTES": 16 * 1024 * 1024,
+    MAX_BODY_BYTES = Number(16 * MiB, "acp_channels.E002")
     # An SSE stream idle this long gets a `: ` comment so proxies and clients keep it open.
-    "KEEPALIVE_SECONDS": 15.0,
+    KEEPALIVE_SECONDS = Number(15.0, "acp_channels.E003")
     # Output one connection may hold for readers that are slow or absent, counting bytes handed
     # to the server and not yet written to the socket. Beyond it the host stops taking the
     # agent's output (backpressure) instead of growing without bound; nothing is dropped.
-    "MAX_BUFFERED_BYTES": 4 * 1024 * 1024,
+    MAX_BUFFERED_BYTES = Number(4 * MiB, "acp_channels.E004")
     # Per stream, events already sent that are kept so a reader that lost its connection can
     # resume (SSE Last-Event-ID, WebSocket reattach): at most this many, and this many bytes
     # (counted in MAX_BUFFERED_BYTES, and forgotten first when it is full).
     # The window must cover what the network holds at a cut: socket buffers on both ends and any
     # proxy (about 1.4 MB measured on loopback during a burst; more on long fat links).
-    "REPLAY_WINDOW_EVENTS": 16384,
-    "REPLAY_WINDOW_BYTES": 2 * 1024 * 1024,
+    REPLAY_WINDOW_EVENTS = Number(16384, "acp_channels.E029", zero=True)
+    REPLAY_WINDOW_BYTES = Number(2 * MiB, "acp_channels.E030", zero=True)
     # A WebSocket that drops without a clean close (a close code other than 1000) leaves its
     # connection and agent alive this long, for the client to reattach a new socket and resume
     # (docs/resumable-streams.md). 0: the connection ends with its socket, whatever the close.
-    "WEBSOCKET_RESUME_SECONDS": 60.0,
+    WEBSOCKET_RESUME_SECONDS = Number(60.0, "acp_channels.E032", zero=True)
     # The same, summed over every connection of one worker process: past it, every connection's
-    # agent output waits, and initialize answers 503.
-    "MAX_WORKER_BUFFERED_BYTES": 256 * 1024 * 1024,
+    # agent output waits, and initialize answers 503. Also bounds, each on its own, the request
+    # bodies a worker holds at once and the bytes of requests waiting for agents.
+    MAX_WORKER_BUFFERED_BYTES = Number(256 * MiB, "acp_channels.E015")
     # How long an initialize POST waits for the agent's reply before 504; None waits forever.
-    "INITIALIZE_TIMEOUT": 60.0,
+    INITIALIZE_TIMEOUT = OptionalNumber(60.0, float, "acp_channels.E005")
     # Connections one worker process hosts at once; beyond it initialize gets 503. None: no cap.
-    "MAX_CONNECTIONS": 1000,
+    MAX_CONNECTIONS = OptionalNumber(1000, int, "acp_channels.E006")
     # Session streams (mailboxes) one connection may have at once; a GET for another gets 429.
-    "MAX_SESSION_STREAMS": 64,
+    MAX_SESSION_STREAMS = Number(64, "acp_channels.E016")
     # Client requests one connection may have waiting for the agent's reply; more get 429 (HTTP)
     # or a JSON-RPC error (WebSocket).
-    "MAX_PENDING_REQUESTS": 1000,
+    MAX_PENDING_REQUESTS = Number(1000, "acp_channels.E017")
     # Entries in one JSON-RPC batch; a larger batch gets a -32600 error and none of it is
     # dispatched. Batches are processed in slices that let other clients run.
-    "MAX_BATCH_ENTRIES": 1000,
+    MAX_BATCH_ENTRIES = Number(1000, "acp_channels.E018")
     # Seconds a client may take to send a request's headers, and then its body (slowloris);
     # past them the server answers 408 and closes the socket (under daphne).
-    "HEADER_TIMEOUT_SECONDS": 10.0,
-    "BODY_TIMEOUT_SECONDS": 60.0,
+    HEADER_TIMEOUT_SECONDS = Number(10.0, "acp_channels.E019")
+    BODY_TIMEOUT_SECONDS = Number(60.0, "acp_channels.E020")
     # A connection with no POST and no stream reader for this long is ended (its agent shut
     # down), as if DELETEd: clients that vanish do not keep agents forever. None: never.
-    "IDLE_TIMEOUT_SECONDS": 300.0,
+    IDLE_TIMEOUT_SECONDS = OptionalNumber(300.0, float, "acp_channels.E012")
     # Several workers: how long a worker may take to acknowledge a call from another one before
     # it is taken for dead (its connections then answer 404). Raise it for overloaded workers.
-    "WORKER_TIMEOUT_SECONDS": 1.5,
+    WORKER_TIMEOUT_SECONDS = Number(1.5, "acp_channels.E014")
     # On SIGTERM a worker drains (refuses new connections, ends its streams cleanly, shuts its
     # agents down) for at most this long, then exits.
-    "SHUTDOWN_GRACE_SECONDS": 10.0,
+    SHUTDOWN_GRACE_SECONDS = Number(10.0, "acp_channels.E011")
     # Authentication (docs/authentication.md). A dotted path to a callable (sync or async) that
     # takes an acp_channels.auth.RequestContext and returns an identity.Principal, or raises
     # auth.Refused (401/403). None: everyone is identity.ANONYMOUS (a system check warns).
-    "AUTHENTICATE": None,
+    AUTHENTICATE: Setting[str | None] = Setting(None, "acp_channels.E021")
     # Explicitly allow unauthenticated access (silences the warning; required for stdio agents
     # without AUTHENTICATE).
-    "ALLOW_ANONYMOUS": False,
+    ALLOW_ANONYMOUS = Flag(False, "acp_channels.E026")
     # For the bearer-token authenticator: a dotted path to a callable (sync or async) taking the
     # token and returning a Django user, a Principal, or None.
-    "TOKEN_LOOKUP": None,
+    TOKEN_LOOKUP: Setting[str | None] = Setting(None, "acp_channels.E022")
     # For the settings token lookup (a shared team token): {token: principal id}.
-    "TOKENS": {},
+    TOKENS: Setting[Mapping[str, str]] = Setting({}, "acp_channels.E024")
     # A Django permission ("app_label.codename") a user must have, for the authenticators that
     # yield Django users. None: any authenticated user.
-    "REQUIRED_PERMISSION": None,
+    REQUIRED_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E023")
     # Connections one principal may hold at once on a worker; beyond it initialize gets 429.
     # Anonymous access is bounded by MAX_CONNECTIONS only.
-    "MAX_CONNECTIONS_PER_PRINCIPAL": 32,
+    MAX_CONNECTIONS_PER_PRINCIPAL = OptionalNumber(32, int, "acp_channels.E025")
     # Browser origins allowed to use the endpoint across origins (CORS through
     # django-cors-headers, and the WebSocket Origin check). Empty: cross-origin use is off.
-    "CORS_ALLOWED_ORIGINS": [],
+    CORS_ALLOWED_ORIGINS: Setting[list[str]] = Setting([], "acp_channels.E007")
     # Serve this worker's Prometheus metrics at /metrics (next to /acp). Off by default: they tell
     # whoever can reach the URL how busy the site is; turn it on where only the scraper can reach
     # it (docs/operations.md).
-    "METRICS": False,
-}
+    METRICS = Flag(False, "acp_channels.E033")
 
-
-class AcpSettings:
-    """Attribute access to `settings.ACP_CHANNELS` with our defaults filled in.
-
-    A value read once is kept as a plain attribute (the host reads limits per message; the
-    lookup through Django's settings and our defaults cost a tenth of a streamed message's CPU)
-    until `ACP_CHANNELS` changes through Django's `setting_changed` signal (override_settings,
-    pytest-django's `settings`)."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
-            raise AttributeError(name)
-        value = self.__dict__[name] = self.user_settings().get(name, DEFAULTS[name])
-        return value
+    @classmethod
+    def declared(cls) -> dict[str, Setting[Any]]:
+        """Every key, in declaration order."""
+        return {name: value for name, value in vars(cls).items() if isinstance(value, Setting)}
 
     def reload(self) -> None:
         """Forget the values read so far: the next read sees the settings as they are now."""
@@ -119,6 +192,9 @@ class AcpSettings:
         value = getattr(settings, "ACP_CHANNELS", {})
         return value if isinstance(value, dict) else {}
 
+
+#: Every key's default, by name.
+DEFAULTS: Final[Mapping[str, Any]] = {name: setting.default for name, setting in AcpSettings.declared().items()}
 
 acp_settings = AcpSettings()
 

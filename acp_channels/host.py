@@ -47,10 +47,6 @@ TOO_MANY_REQUESTS_MESSAGE: Final = "too many requests in flight"
 TOO_MANY_REQUEST_BYTES_MESSAGE: Final = "the requests in flight hold too many bytes"
 
 
-def _setting(name: str) -> Any:
-    return getattr(acp_settings, name)
-
-
 class StreamBusy(Exception):
     """The stream already has a reader (409), or the connection has no such stream."""
 
@@ -533,13 +529,13 @@ RESUME_META_KEY: Final = "acp-channels/resume"
 
 
 def resume_capabilities() -> dict[str, Any]:
-    resume_seconds = _setting("WEBSOCKET_RESUME_SECONDS")
+    resume_seconds = acp_settings.WEBSOCKET_RESUME_SECONDS
     return {
         "sse": True,
         # 0: a dropped socket ends its connection, so there is nothing to reattach to.
         "websocket": resume_seconds > 0,
-        "windowEvents": _setting("REPLAY_WINDOW_EVENTS"),
-        "windowBytes": _setting("REPLAY_WINDOW_BYTES"),
+        "windowEvents": acp_settings.REPLAY_WINDOW_EVENTS,
+        "windowBytes": acp_settings.REPLAY_WINDOW_BYTES,
         "websocketResumeSeconds": resume_seconds,
     }
 
@@ -593,10 +589,10 @@ class ConnectionHost:
         self.transport = transport
         self.agent = agent
         self._window: dict[str, int] = {
-            "window_events": _setting("REPLAY_WINDOW_EVENTS"),
+            "window_events": acp_settings.REPLAY_WINDOW_EVENTS,
             # At most half the budget, whatever the settings say (E031 flags a larger one): the
             # windows a connection keeps under a full budget must leave live output room.
-            "window_bytes": min(_setting("REPLAY_WINDOW_BYTES"), max_buffered_bytes // 2),
+            "window_bytes": min(acp_settings.REPLAY_WINDOW_BYTES, max_buffered_bytes // 2),
         }
         self._budget = OutboundBudget(max_buffered_bytes, worker_budget, self._window["window_bytes"])
         #: The largest agent message relayed (§6.7); a larger one is refused.
@@ -667,7 +663,7 @@ class ConnectionHost:
         if self.transport == "websocket":  # one stream: nothing to route, ids to count
             await self._submit_to_socket_agent(plan.frame)
             return
-        limit: int = _setting("MAX_PENDING_REQUESTS")
+        limit = acp_settings.MAX_PENDING_REQUESTS
         if plan.routes and self._pending_requests + len(plan.routes) > limit:
             raise TooManyRequests(limit)
         request_bytes = self._check_request_bytes(plan.frame) if plan.routes else 0
@@ -695,7 +691,7 @@ class ConnectionHost:
             for message in protocol.frame_messages(frame)
             if "method" in message and message.get("id") is not None
         ]
-        limit: int = _setting("MAX_PENDING_REQUESTS")
+        limit = acp_settings.MAX_PENDING_REQUESTS
         refusal: TooManyRequests | None = TooManyRequests(limit) if self._pending_requests + len(ids) > limit else None
         request_bytes = 0
         if ids and refusal is None:
@@ -724,12 +720,12 @@ class ConnectionHost:
         flight hold at most one body's worth (MAX_BODY_BYTES; a frame always fits when none is
         pending), every connection's together at most MAX_WORKER_BUFFERED_BYTES (the same)."""
         size = len(protocol.serialize_frame(frame))
-        connection_limit: int = _setting("MAX_BODY_BYTES")
+        connection_limit = acp_settings.MAX_BODY_BYTES
         if self._pending_bytes and self._pending_bytes + size > connection_limit:
             raise TooManyRequests(connection_limit, "bytes")
         worker = self._worker_budget
         if worker is not None:
-            worker_limit: int = _setting("MAX_WORKER_BUFFERED_BYTES")
+            worker_limit = acp_settings.MAX_WORKER_BUFFERED_BYTES
             if worker.requests_used and worker.requests_used + size > worker_limit:
                 raise TooManyRequests(worker_limit, "bytes")
         return size
@@ -868,7 +864,7 @@ class ConnectionHost:
     async def _deliver_from_socket(self, text: str) -> None:
         async with self._socket_inbound:  # FIFO: in the order the messages were counted
             try:
-                frame = await protocol.read_frame(text, lambda: _setting("MAX_BATCH_ENTRIES"))
+                frame = await protocol.read_frame(text, lambda: acp_settings.MAX_BATCH_ENTRIES)
             except protocol.BatchTooLarge as refused:
                 self.reply_from_transport(protocol.dumps(refused.reply))
                 return
@@ -888,7 +884,7 @@ class ConnectionHost:
         reattach (a reader on any worker), then ends as if its socket had closed."""
         if self.transport != "websocket" or self.ended.is_set():
             return
-        seconds = float(_setting("WEBSOCKET_RESUME_SECONDS"))
+        seconds = acp_settings.WEBSOCKET_RESUME_SECONDS
         self._stop_grace()
         self._grace = asyncio.get_running_loop().call_later(seconds, self._grace_over)
         if seconds:
@@ -961,7 +957,7 @@ class ConnectionHost:
         if self.transport == "websocket":
             raise StreamBusy
         if key is not protocol.CONNECTION_STREAM and key not in self._streams:
-            limit: int = _setting("MAX_SESSION_STREAMS")
+            limit = acp_settings.MAX_SESSION_STREAMS
             if self.session_streams >= limit and not self._forget_a_window():
                 raise TooManyStreams(limit)
         return self.stream(key)
@@ -1177,7 +1173,7 @@ def largest_agent_message(max_buffered_bytes: int) -> int:
     envelope, or the whole budget if that is larger. A message larger than what the budget has
     left still goes (the agent then waits until readers take it): a connection holds at most
     its budget plus the message each of its agent's tasks is handing over."""
-    return max(max_buffered_bytes, int(_setting("MAX_BODY_BYTES")) + protocol.MESSAGE_HEADROOM)
+    return max(max_buffered_bytes, acp_settings.MAX_BODY_BYTES + protocol.MESSAGE_HEADROOM)
 
 
 def too_many_requests_reply(frame: Frame, ids: list[Any], refusal: TooManyRequests) -> Frame:
@@ -1198,7 +1194,7 @@ class Registry:
         #: Connections per principal (ANONYMOUS not counted: MAX_CONNECTIONS bounds it).
         self._per_principal: dict[Principal, int] = {}
         self._reaper: asyncio.Task[None] | None = None
-        self.budget = WorkerBudget(lambda: int(_setting("MAX_WORKER_BUFFERED_BYTES")))
+        self.budget = WorkerBudget(lambda: acp_settings.MAX_WORKER_BUFFERED_BYTES)
 
     def __len__(self) -> int:
         return len(self._hosts)
@@ -1227,14 +1223,14 @@ class Registry:
         QuotaExceeded when the principal holds MAX_CONNECTIONS_PER_PRINCIPAL here already;
         ServerFull when this worker hosts MAX_CONNECTIONS, or holds its whole output budget.
         """
-        per_principal: int | None = _setting("MAX_CONNECTIONS_PER_PRINCIPAL")
+        per_principal = acp_settings.MAX_CONNECTIONS_PER_PRINCIPAL
         if (
             principal != ANONYMOUS
             and per_principal is not None
             and self._per_principal.get(principal, 0) >= per_principal
         ):
             raise QuotaExceeded(per_principal)
-        max_connections: int | None = _setting("MAX_CONNECTIONS")
+        max_connections = acp_settings.MAX_CONNECTIONS
         if max_connections is not None and len(self._hosts) >= max_connections:
             raise ServerFull("connections")
         if self.budget.full():
@@ -1269,7 +1265,7 @@ class Registry:
         return self._per_principal.get(principal, 0)
 
     def _ensure_reaper(self) -> None:
-        timeout: float | None = _setting("IDLE_TIMEOUT_SECONDS")
+        timeout = acp_settings.IDLE_TIMEOUT_SECONDS
         loop = asyncio.get_running_loop()
         if timeout is None or (
             self._reaper is not None and not self._reaper.done() and self._reaper.get_loop() is loop

@@ -58,7 +58,7 @@ class BodyBudget:
 
     def reserve(self, size: int, held: int = 0) -> bool:
         """Count `size` more bytes of a body of which `held` are counted already (False: no room)."""
-        if self.used > held and self.used + size > int(acp_settings.MAX_WORKER_BUFFERED_BYTES):
+        if self.used > held and self.used + size > acp_settings.MAX_WORKER_BUFFERED_BYTES:
             return False
         self.used += size
         return True

@@ -67,7 +67,7 @@ class ScrapeTimeCollector(Collector):
 
 
 def _worker_budget_limit() -> float:
-    return float(acp_settings.MAX_WORKER_BUFFERED_BYTES)
+    return acp_settings.MAX_WORKER_BUFFERED_BYTES
 
 
 REGISTRY.register(ScrapeTimeCollector())

@@ -75,7 +75,7 @@ def worker_timeout() -> float:
     the worker is taken for dead. Also the layer's allowance on top of a take's wait."""
     from acp_channels.conf import acp_settings
 
-    return float(acp_settings.WORKER_TIMEOUT_SECONDS)
+    return acp_settings.WORKER_TIMEOUT_SECONDS
 
 
 def lease_idle_limit() -> float:

@@ -12,6 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from acp_channels.checks import check_settings
+from acp_channels.conf import DEFAULTS, AcpSettings
 from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS, cors_allow_headers
 
 #: Referenced by ACP_CHANNELS["AGENT"] in a test: importable, but not callable.
@@ -194,7 +195,6 @@ def test_connection_budget_larger_than_worker_budget_warns(settings: Any) -> Non
 
 def test_defaults_are_production_caps() -> None:
     """Safe by default: every cap is on without configuration."""
-    from acp_channels.conf import DEFAULTS
 
     for key in ("MAX_CONNECTIONS", "MAX_SESSION_STREAMS", "MAX_PENDING_REQUESTS", "MAX_BATCH_ENTRIES"):
         assert isinstance(DEFAULTS[key], int), key
@@ -613,3 +613,24 @@ def test_metrics_is_a_boolean(settings: Any, bad: Any) -> None:
 def test_metrics_may_be_on_or_off(settings: Any, good: bool) -> None:
     acp(settings, METRICS=good)
     assert check_settings() == []
+
+
+# --------------------------------------------------------------------------------------------
+# Typed settings: each rule comes from its declaration (conf.AcpSettings)
+
+RULED = [name for name, setting in AcpSettings.declared().items() if setting.problem("x") is not None]
+
+
+def test_every_setting_is_declared_with_a_check_id() -> None:
+    declared = AcpSettings.declared()
+    assert list(declared) == list(DEFAULTS)
+    assert all(setting.check_id and setting.check_id.startswith("acp_channels.E") for setting in declared.values())
+    assert {"MAX_BODY_BYTES", "METRICS", "MAX_CONNECTIONS", "WEBSOCKET_RESUME_SECONDS"} <= set(RULED)
+
+
+@pytest.mark.parametrize("name", RULED)
+def test_a_declared_rule_is_its_system_check(settings: Any, name: str) -> None:
+    acp(settings, **{name: "x"})
+    errors = [message for message in check_settings() if isinstance(message, Error)]
+    assert [error.id for error in errors] == [AcpSettings.declared()[name].check_id]
+    assert errors[0].msg.startswith(f"ACP_CHANNELS['{name}'] must be ")

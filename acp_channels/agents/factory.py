@@ -137,9 +137,13 @@ def create_agent_channel(context: AgentContext) -> AgentChannel:
         return StdioAgentChannel.from_setting(
             setting,
             context,
-            shutdown_grace=float(acp_settings.AGENT_SHUTDOWN_GRACE),
-            max_line_bytes=int(acp_settings.MAX_BODY_BYTES) + LINE_HEADROOM,
+            shutdown_grace=acp_settings.AGENT_SHUTDOWN_GRACE,
+            max_line_bytes=acp_settings.MAX_BODY_BYTES + LINE_HEADROOM,
         )
+    if setting is None:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured('ACP_CHANNELS["AGENT"] is not set (system check acp_channels.E001)')
     agent = call_agent_factory(import_string(setting), context)
     if all(callable(getattr(agent, name, None)) for name in ("send", "receive", "close")):
         return agent  # type: ignore[no-any-return]
