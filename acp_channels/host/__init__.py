@@ -17,15 +17,10 @@ from acp_channels.errors import (
     TooManyStreams,
 )
 from acp_channels.host.budget import OutboundBudget, WorkerBudget
-from acp_channels.host.connection import (
-    RESUME_META_KEY,
-    ConnectionHost,
-    InitializeReply,
-    advertise_resume,
-    resume_capabilities,
-)
+from acp_channels.host.connection import ConnectionHost, InitializeReply
 from acp_channels.host.mailbox import TAKE_BYTES, Delivery, Mailbox, SocketOutbox, StreamLease
 from acp_channels.host.registry import Registry, registry, sweep_interval
+from acp_channels.host.resume import RESUME_META_KEY, advertise_resume, resume_capabilities
 from acp_channels.identity import TransportKind
 
 __all__ = [

@@ -1,9 +1,9 @@
-"""Connection state: the only place it lives.
+"""One ACP connection and its agent: `ConnectionHost`.
 
-One `ConnectionHost` per ACP connection owns its agent, the reply routes recorded at POST time,
-the outbound router and the per-stream mailboxes. The edges (views, consumer) talk to it through
-a few message-shaped operations: submit a planned frame, initialize, lease a stream, take
-deliveries, terminate. `Registry` maps connection ids to hosts in this process.
+It owns the agent, the requests in flight and where their replies go (`requests`), the outbound
+router and the per-stream mailboxes (`mailbox`), and for a WebSocket its socket's state
+(`socket`). The edges reach it through a few message-shaped operations (via the gateway):
+submit a planned frame, initialize, lease a stream, take deliveries, terminate.
 
 Everything a connection holds is bounded: undelivered output by its budget (bytes queued plus
 bytes handed to a reader and not yet confirmed written) and by the worker's budget summed over
@@ -14,12 +14,11 @@ requests waiting for the agent's reply by MAX_PENDING_REQUESTS.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final
 
 from acp_channels import metrics, protocol
 from acp_channels.agents.channel import AgentChannel, AgentClosed
@@ -28,52 +27,17 @@ from acp_channels.errors import AgentEnded, EndReason, StreamBusy, TooManyReques
 from acp_channels.handoff import LazyEvent
 from acp_channels.host.budget import OutboundBudget, WorkerBudget
 from acp_channels.host.mailbox import Mailbox, SocketOutbox, StreamLease
+from acp_channels.host.oversize import OversizeRefusals, largest_agent_message
+from acp_channels.host.requests import PendingRequests, too_many_requests_reply
+from acp_channels.host.resume import advertise_resume
+from acp_channels.host.socket import GracePeriod, SocketInbox
 from acp_channels.identity import ANONYMOUS, Principal, TransportKind
-from acp_channels.protocol import Batch, Frame, InboundPlan, Single, StreamKey
+from acp_channels.protocol import Frame, InboundPlan, StreamKey
 
 logger = logging.getLogger("acp_channels.host")
 
 #: Forgotten streams a connection remembers the last event id of (see ConnectionHost._forgotten).
 FORGOTTEN_STREAMS: Final = 1024
-#: The JSON-RPC error a WebSocket request over MAX_PENDING_REQUESTS gets instead of forwarding.
-TOO_MANY_REQUESTS_CODE: Final = -32000
-TOO_MANY_REQUESTS_MESSAGE: Final = "too many requests in flight"
-TOO_MANY_REQUEST_BYTES_MESSAGE: Final = "the requests in flight hold too many bytes"
-
-
-#: The key under the initialize result's `_meta` where the server says how streams resume
-#: (docs/resumable-streams.md).
-RESUME_META_KEY: Final = "acp-channels/resume"
-
-
-def resume_capabilities() -> dict[str, Any]:
-    resume_seconds = acp_settings.WEBSOCKET_RESUME_SECONDS
-    return {
-        "sse": True,
-        # 0: a dropped socket ends its connection, so there is nothing to reattach to.
-        "websocket": resume_seconds > 0,
-        "windowEvents": acp_settings.REPLAY_WINDOW_EVENTS,
-        "windowBytes": acp_settings.REPLAY_WINDOW_BYTES,
-        "websocketResumeSeconds": resume_seconds,
-    }
-
-
-def advertise_resume(reply: protocol.Message, connection_id: str | None = None) -> None:
-    """Add what the server supports for resuming streams to an initialize result's `_meta`
-    (next to what the agent put there). A WebSocket's reply also names its connection: a browser
-    cannot read the 101's `Acp-Connection-Id`, and needs the id to reattach; and the method of the
-    message that tells a reattached browser socket how many of its messages the server has."""
-    result = reply.get("result")
-    if isinstance(result, dict):
-        meta = result.get("_meta")
-        if not isinstance(meta, dict):
-            meta = result["_meta"] = {}
-        capabilities = resume_capabilities()
-        if connection_id is not None:
-            capabilities["connectionId"] = connection_id
-            # A browser reattaches in the query form, and learns Acp-Received from this message.
-            capabilities["receivedNotification"] = protocol.RECEIVED_NOTIFICATION
-        meta[RESUME_META_KEY] = capabilities
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,38 +77,28 @@ class ConnectionHost:
             "window_bytes": min(acp_settings.REPLAY_WINDOW_BYTES, max_buffered_bytes // 2),
         }
         self._budget = OutboundBudget(max_buffered_bytes, worker_budget, self._window["window_bytes"])
-        #: The largest agent message relayed (§6.7); a larger one is refused.
-        self.max_message_bytes = (
-            max_message_bytes if max_message_bytes is not None else largest_agent_message(max_buffered_bytes)
+        #: Agent messages over the largest relayed are refused (§6.7).
+        self._oversize = OversizeRefusals(
+            connection_id,
+            transport,
+            agent,
+            max_message_bytes if max_message_bytes is not None else largest_agent_message(max_buffered_bytes),
         )
         self._streams: dict[StreamKey, Mailbox] = {}
         # Streams forgotten with their window: (tag, last seq), so a reader that got everything
         # resumes on the stream made again (bounded: the oldest are forgotten for good).
         self._forgotten: OrderedDict[StreamKey, tuple[str, int]] = OrderedDict()
         # WebSocket: the grace period of a detached socket (see _socket_detached).
-        self._grace: asyncio.TimerHandle | None = None
-        self._grace_ending: asyncio.Task[None] | None = None
+        self._grace = GracePeriod(connection_id)
         # WebSocket connections only, made on first use: an HTTP connection never holds one.
         self._socket_outbox: SocketOutbox | None = None
         # Client messages received on this connection's sockets (Acp-Received on a reattach),
         # handed to the agent one at a time in the order they were counted.
-        self._socket_received = 0
-        self._socket_inbound = asyncio.Lock()
-        self._socket_deliveries: set[asyncio.Task[None]] = set()
-        # Error replies to agent requests refused as too large, on their way to the agent.
-        self._agent_answers: set[asyncio.Task[None]] = set()
+        self._socket_inbox = SocketInbox()
         # Ids of the client's initialize requests not answered yet: their replies advertise resumption.
         self._socket_initializing: set[str] = set()
-        # HTTP: where each pending request's reply goes, by id; pinning their session streams.
-        self._routes: dict[str, deque[StreamKey]] = {}
-        self._route_pins: dict[str, int] = {}
-        # WebSocket: ids of requests forwarded and not yet answered (one stream: no routes).
-        self._socket_requests: dict[str, int] = {}
-        self._pending_requests = 0
-        # The size charged to each pending client request (by id key, in order), and their sum.
-        self._request_bytes: dict[str, deque[int]] = {}
-        self._pending_bytes = 0
-        self._worker_budget = worker_budget
+        # Client requests the agent has not answered: count, bytes, and where replies go.
+        self._pending = PendingRequests(worker_budget)
         # The stream each pending agent->client request went to, by id.
         self._agent_requests: dict[str, StreamKey] = {}
         self._router: asyncio.Task[None] | None = None
@@ -155,7 +109,7 @@ class ConnectionHost:
     @property
     def pending_requests(self) -> int:
         """Client requests forwarded to the agent and not yet answered."""
-        return self._pending_requests
+        return self._pending.count
 
     @property
     def session_streams(self) -> int:
@@ -181,20 +135,11 @@ class ConnectionHost:
         if self.transport == "websocket":  # one stream: nothing to route, ids to count
             await self._submit_to_socket_agent(plan.frame)
             return
-        limit = acp_settings.MAX_PENDING_REQUESTS
-        if plan.routes and self._pending_requests + len(plan.routes) > limit:
-            raise TooManyRequests(limit)
-        request_bytes = self._check_request_bytes(plan.frame) if plan.routes else 0
+        request_bytes = self._pending.admit(plan.frame, len(plan.routes)) if plan.routes else 0
         self._match_responses(plan)
-        if plan.routes:
-            self._charge_requests(request_bytes, [key for key, _ in plan.routes])
         for session_id in plan.sessions:
             self.stream(session_id)
-        for key, route in plan.routes:
-            self._routes.setdefault(key, deque()).append(route)
-            if route is not None:
-                self._route_pins[route] = self._route_pins.get(route, 0) + 1
-        self._pending_requests += len(plan.routes)
+        self._pending.add_routes(plan.routes, request_bytes)
         for session_id in plan.sessions:  # a stream no reply will go to is not kept
             self._collect(session_id)
         metrics.record_messages_in(self.transport, plan.frame)
@@ -209,77 +154,24 @@ class ConnectionHost:
             for message in protocol.frame_messages(frame)
             if "method" in message and message.get("id") is not None
         ]
-        limit = acp_settings.MAX_PENDING_REQUESTS
-        refusal: TooManyRequests | None = TooManyRequests(limit) if self._pending_requests + len(ids) > limit else None
-        request_bytes = 0
-        if ids and refusal is None:
-            try:
-                request_bytes = self._check_request_bytes(frame)
-            except TooManyRequests as refused:
-                refusal = refused
-        if ids and refusal is not None:
-            await self._budget.wait_for_room()  # refusals are output too: a client that does not read waits
-            self.socket_outbox.push(protocol.serialize_frame(too_many_requests_reply(frame, ids, refusal)))
-            return
         if ids:
-            self._charge_requests(request_bytes, [protocol.id_key(request_id) for request_id in ids])
-        for request_id in ids:
-            key = protocol.id_key(request_id)
-            self._socket_requests[key] = self._socket_requests.get(key, 0) + 1
-        self._pending_requests += len(ids)
+            try:
+                request_bytes = self._pending.admit(frame, len(ids))
+            except TooManyRequests as refusal:
+                await self._budget.wait_for_room()  # refusals are output too: a client that does not read waits
+                self.socket_outbox.push(protocol.serialize_frame(too_many_requests_reply(frame, ids, refusal)))
+                return
+            self._pending.add_socket_ids([protocol.id_key(request_id) for request_id in ids], request_bytes)
         for message in protocol.frame_messages(frame):
             if message.get("method") == protocol.INITIALIZE_METHOD and message.get("id") is not None:
                 self._socket_initializing.add(protocol.id_key(message["id"]))
         metrics.record_messages_in(self.transport, frame)
         await self.agent.send(frame)
 
-    def _check_request_bytes(self, frame: Frame) -> int:
-        """The size of a frame with requests, or TooManyRequests: a connection's requests in
-        flight hold at most one body's worth (MAX_BODY_BYTES; a frame always fits when none is
-        pending), every connection's together at most MAX_WORKER_BUFFERED_BYTES (the same)."""
-        size = len(protocol.serialize_frame(frame))
-        connection_limit = acp_settings.MAX_BODY_BYTES
-        if self._pending_bytes and self._pending_bytes + size > connection_limit:
-            raise TooManyRequests(connection_limit, "bytes")
-        worker = self._worker_budget
-        if worker is not None:
-            worker_limit = acp_settings.MAX_WORKER_BUFFERED_BYTES
-            if worker.requests_used and worker.requests_used + size > worker_limit:
-                raise TooManyRequests(worker_limit, "bytes")
-        return size
-
-    def _charge_requests(self, size: int, keys: list[str]) -> None:
-        """Count a frame's bytes against its requests until each is answered (the agent holds
-        them meanwhile: an SDK agent's handler task, a stdio agent's pipe)."""
-        if self._worker_budget is not None:
-            self._worker_budget.requests_used += size
-        self._pending_bytes += size
-        share, extra = divmod(size, len(keys))
-        for index, key in enumerate(keys):
-            self._request_bytes.setdefault(key, deque()).append(share + (extra if index == 0 else 0))
-
-    def _release_request(self, key: str) -> None:
-        """The request `key` (the oldest of that id) is answered: its bytes no longer count."""
-        charges = self._request_bytes.get(key)
-        if not charges:
-            return
-        size = charges.popleft()
-        if not charges:
-            del self._request_bytes[key]
-        self._pending_bytes -= size
-        if self._worker_budget is not None:
-            self._worker_budget.requests_used -= size
-
-    def _release_all_requests(self) -> None:
-        if self._worker_budget is not None:
-            self._worker_budget.requests_used -= self._pending_bytes
-        self._pending_bytes = 0
-        self._request_bytes.clear()
-
     @property
     def pending_request_bytes(self) -> int:
         """Bytes of client requests forwarded to the agent and not yet answered."""
-        return self._pending_bytes
+        return self._pending.bytes
 
     def _match_responses(self, plan: InboundPlan) -> None:
         """Check the session header of responses to agent requests, then forget those requests."""
@@ -335,7 +227,7 @@ class ConnectionHost:
     @property
     def socket_received(self) -> int:
         """Client messages received on this connection's sockets so far (`Acp-Received`)."""
-        return self._socket_received
+        return self._socket_inbox.received
 
     def attach_socket(self, last_seq: int, holder: object) -> int:
         """A new socket reattaches to this connection: the outbox is resumed after message
@@ -349,7 +241,7 @@ class ConnectionHost:
         self.socket_outbox.resume(last_seq, str(last_seq))  # checked before the socket attached is displaced
         self.socket_outbox.take_over(holder)
         self.last_active = asyncio.get_running_loop().time()
-        return self._socket_received
+        return self._socket_inbox.received
 
     def holds_socket(self, holder: object) -> bool:
         """Whether `holder` is the socket attached to this connection now."""
@@ -367,26 +259,16 @@ class ConnectionHost:
             raise AgentClosed("connection ended")
         if self.socket_outbox.holder is not holder:
             return False
-        self._socket_received += 1
-        delivery = asyncio.ensure_future(self._deliver_from_socket(text))
-        self._socket_deliveries.add(delivery)
-        delivery.add_done_callback(self._delivered)
-        await asyncio.shield(delivery)
+        await self._socket_inbox.deliver(lambda: self._deliver_from_socket(text))
         return True
 
-    def _delivered(self, delivery: asyncio.Task[None]) -> None:
-        self._socket_deliveries.discard(delivery)
-        if not delivery.cancelled():
-            delivery.exception()  # retrieved: a consumer cancelled meanwhile awaits it no more
-
     async def _deliver_from_socket(self, text: str) -> None:
-        async with self._socket_inbound:  # FIFO: in the order the messages were counted
-            try:
-                frame = await protocol.read_frame(text, lambda: acp_settings.MAX_BATCH_ENTRIES)
-            except protocol.BatchTooLarge as refused:
-                self.reply_from_transport(protocol.dumps(refused.reply))
-                return
-            await self.submit(InboundPlan(frame, [], []))
+        try:
+            frame = await protocol.read_frame(text, lambda: acp_settings.MAX_BATCH_ENTRIES)
+        except protocol.BatchTooLarge as refused:
+            self.reply_from_transport(protocol.dumps(refused.reply))
+            return
+        await self.submit(InboundPlan(frame, [], []))
 
     async def detach_socket(self, holder: object, end: EndReason | None = None) -> None:
         """Socket `holder` is gone. With `end` (a clean close, a failed send) the connection ends
@@ -402,28 +284,11 @@ class ConnectionHost:
         reattach (a reader on any worker), then ends as if its socket had closed."""
         if self.transport != "websocket" or self.ended.is_set():
             return
-        seconds = acp_settings.WEBSOCKET_RESUME_SECONDS
-        self._stop_grace()
-        self._grace = asyncio.get_running_loop().call_later(seconds, self._grace_over)
-        if seconds:
-            logger.info("connection %s: socket detached; kept %g s for a reattach", self.connection_id, seconds)
-
-    def _stop_grace(self) -> None:
-        if self._grace is not None:
-            self._grace.cancel()
-            self._grace = None
-
-    def _grace_over(self) -> None:
-        self._grace = None
-        if self.ended.is_set() or self.socket_outbox.leased:
-            return
-        logger.info("connection %s: no socket reattached in time; ending it", self.connection_id)
-        self._grace_ending = asyncio.ensure_future(self.terminate("socket closed"))
-        self._grace_ending.add_done_callback(self._log_failed_end)
-
-    def _log_failed_end(self, ending: asyncio.Task[None]) -> None:
-        if not ending.cancelled() and (error := ending.exception()) is not None:
-            logger.error("ending connection %s failed", self.connection_id, exc_info=error)
+        self._grace.start(
+            acp_settings.WEBSOCKET_RESUME_SECONDS,
+            over=lambda: self.ended.is_set() or self.socket_outbox.leased,
+            end=lambda: self.terminate("socket closed"),
+        )
 
     # -- outbound ----------------------------------------------------------------------------
 
@@ -495,7 +360,7 @@ class ConnectionHost:
             if key is not protocol.CONNECTION_STREAM
             and not mailbox.leased
             and mailbox.empty
-            and key not in self._route_pins
+            and key not in self._pending.pins
         ]
         if not idle:
             return False
@@ -523,7 +388,7 @@ class ConnectionHost:
             or current.leased
             or not current.empty
             or current.has_window  # kept for a reader that resumes (forgotten at the stream cap)
-            or key in self._route_pins
+            or key in self._pending.pins
         ):
             return
         del self._streams[key]
@@ -534,7 +399,7 @@ class ConnectionHost:
     def socket_outbox(self) -> SocketOutbox:
         if self._socket_outbox is None:
             self._socket_outbox = SocketOutbox(
-                self._budget, on_attach=self._stop_grace, on_detach=self._socket_detached, **self._window
+                self._budget, on_attach=self._grace.stop, on_detach=self._socket_detached, **self._window
             )
         return self._socket_outbox
 
@@ -555,8 +420,8 @@ class ConnectionHost:
 
     def _route(self, frame: Frame) -> None:
         text = protocol.serialize_frame(frame)
-        if len(text) > self.max_message_bytes:
-            refused = self._refuse_oversized(frame, len(text))
+        if len(text) > self._oversize.limit:
+            refused = self._oversize.refuse(frame, len(text))
             if refused is None:
                 return
             frame, text = refused, protocol.serialize_frame(refused)
@@ -566,44 +431,13 @@ class ConnectionHost:
             self.socket_outbox.push(text)
             return
         unpinned: list[str] = []
-        key = protocol.route_outbound(frame, lambda request: self._pop_route(request, unpinned))
+        key = protocol.route_outbound(frame, lambda request: self._pending.pop_route(request, unpinned))
         for message in protocol.frame_messages(frame):
             if "method" in message and message.get("id") is not None:
                 self._agent_requests[protocol.id_key(message["id"])] = key
         self.stream(key).push(text)
         for session_id in unpinned:  # e.g. a batch's replies went to the connection stream
             self._collect(session_id)
-
-    def _refuse_oversized(self, frame: Frame, size: int) -> Frame | None:
-        """An agent frame over max_message_bytes is refused (§6.7). Returns what the client
-        gets instead; the agent's own requests in it are answered with an error."""
-        limit = self.max_message_bytes
-        refused = protocol.refuse_oversized(frame, size, limit)
-        methods = sorted({str(message.get("method", "reply")) for message in protocol.frame_messages(frame)})
-        logger.warning(
-            "connection %s: the agent sent a message of %d characters (%s), over the largest an agent may "
-            "send (%d: MAX_BODY_BYTES + 1 MiB, or MAX_BUFFERED_BYTES if larger): refused",
-            self.connection_id,
-            size,
-            ", ".join(methods) or "malformed",
-            limit,
-        )
-        metrics.record_refused_output(self.transport)
-        if refused.to_agent:
-            answer: Frame = Single(refused.to_agent[0]) if len(refused.to_agent) == 1 else Batch(list(refused.to_agent))
-            answering = asyncio.ensure_future(self._answer_agent(answer))
-            self._agent_answers.add(answering)
-            answering.add_done_callback(self._agent_answered)
-        return refused.to_client
-
-    async def _answer_agent(self, frame: Frame) -> None:
-        with contextlib.suppress(AgentClosed):
-            await self.agent.send(frame)
-
-    def _agent_answered(self, answering: asyncio.Task[None]) -> None:
-        self._agent_answers.discard(answering)
-        if not answering.cancelled() and (error := answering.exception()) is not None:
-            logger.error("answering the agent of connection %s failed", self.connection_id, exc_info=error)
 
     def _count_socket_replies(self, frame: Frame) -> bool:
         """Count the replies to socket requests; True when one answers an initialize (its
@@ -618,33 +452,8 @@ class ConnectionHost:
                 if not protocol.is_error_response(message):
                     advertise_resume(message, self.connection_id)
                     advertised = True
-            count = self._socket_requests.get(key, 0)
-            if count:
-                self._release_request(key)
-                self._pending_requests -= 1
-                if count == 1:
-                    del self._socket_requests[key]
-                else:
-                    self._socket_requests[key] = count - 1
+            self._pending.answer_socket(key)
         return advertised
-
-    def _pop_route(self, key: str, unpinned: list[str]) -> StreamKey | Literal[False]:
-        routes = self._routes.get(key)
-        if not routes:
-            return False
-        route = routes.popleft()
-        if not routes:
-            del self._routes[key]
-        self._release_request(key)
-        self._pending_requests -= 1
-        if route is not None:
-            pins = self._route_pins[route] - 1
-            if pins:
-                self._route_pins[route] = pins
-            else:
-                del self._route_pins[route]
-                unpinned.append(route)
-        return route
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -663,13 +472,9 @@ class ConnectionHost:
             return
         self.ended.set()
         self.end_reason = reason
-        self._routes.clear()
-        self._route_pins.clear()
-        self._socket_requests.clear()
+        self._pending.clear()
         self._socket_initializing.clear()
-        self._pending_requests = 0
-        self._release_all_requests()
-        self._stop_grace()
+        self._grace.stop()
         for mailbox in self._streams.values():
             mailbox.close()
         if self._socket_outbox is not None:
@@ -684,21 +489,3 @@ class ConnectionHost:
         if self._router is not None:
             self._router.cancel()
         await self.agent.close()
-
-
-def largest_agent_message(max_buffered_bytes: int) -> int:
-    """The largest agent message a connection relays (§6.7): as large as a client's body plus an
-    envelope, or the whole budget if that is larger. A message larger than what the budget has
-    left still goes (the agent then waits until readers take it): a connection holds at most
-    its budget plus the message each of its agent's tasks is handing over."""
-    return max(max_buffered_bytes, acp_settings.MAX_BODY_BYTES + protocol.MESSAGE_HEADROOM)
-
-
-def too_many_requests_reply(frame: Frame, ids: list[Any], refusal: TooManyRequests) -> Frame:
-    """The error replies a refused WebSocket frame gets: one per request, a batch for a batch."""
-    if refusal.unit == "bytes":
-        message, data = TOO_MANY_REQUEST_BYTES_MESSAGE, {"limit": refusal.limit, "unit": "bytes"}
-    else:
-        message, data = TOO_MANY_REQUESTS_MESSAGE, {"limit": refusal.limit}
-    errors = [protocol.error_response(request_id, TOO_MANY_REQUESTS_CODE, message, data) for request_id in ids]
-    return Batch(list[protocol.BatchEntry](errors)) if isinstance(frame, Batch) else Single(errors[0])
