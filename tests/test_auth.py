@@ -246,11 +246,11 @@ async def test_locate_finds_a_connection_for_its_owner_only(wire_agent: None) ->
         connection = host.connection_id
         for caller in (BOB, ANONYMOUS):
             for serve, op in (
-                (gateway.serve_submit, wire.Submit(connection, caller, "{}", (), (), None)),
-                (gateway.serve_reply, wire.ReplyFromTransport(connection, caller, "{}")),
-                (gateway.serve_lease, wire.Lease(connection, caller, "l-1", "w", None, None)),
-                (gateway.serve_lease_socket, wire.LeaseSocket(connection, caller, "l-2", "w", 0)),
-                (gateway.serve_terminate, wire.Terminate(connection, caller)),
+                (gateway.serve.serve_submit, wire.Submit(connection, caller, "{}", (), (), None)),
+                (gateway.serve.serve_reply, wire.ReplyFromTransport(connection, caller, "{}")),
+                (gateway.serve.serve_lease, wire.Lease(connection, caller, "l-1", "w", None, None)),
+                (gateway.serve.serve_lease_socket, wire.LeaseSocket(connection, caller, "l-2", "w", 0)),
+                (gateway.serve.serve_terminate, wire.Terminate(connection, caller)),
             ):
                 assert await serve(op) == wire.UnknownConnection(), (serve.__name__, caller)
         # A caller that names no principal (or not one) owns nothing: the op is not even read.
@@ -259,7 +259,7 @@ async def test_locate_finds_a_connection_for_its_owner_only(wire_agent: None) ->
             message = {"type": "acp.op", "id": "x", "reply_to": "r", "op": "terminate", "args": args}
             assert isinstance(wire.decode_op(message), wire.Malformed)
         assert not host.ended.is_set()
-        assert await gateway.serve_terminate(wire.Terminate(connection, ALICE)) == wire.Terminated()
+        assert await gateway.serve.serve_terminate(wire.Terminate(connection, ALICE)) == wire.Terminated()
         assert host.ended.is_set()
     finally:
         await host.terminate()

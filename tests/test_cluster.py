@@ -11,6 +11,7 @@ from channels_redis.core import RedisChannelLayer
 
 from acp_channels import gateway, worker
 from tests.cluster import Cluster, RedisServer
+from tests.gateway_bus import patch_bus
 from tests.live import initialize, open_sse, post, rpc
 
 
@@ -82,7 +83,7 @@ def cluster_bus(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[w
     bus._layer = RedisChannelLayer(hosts=[cluster.redis.url], prefix=prefix, channel_capacity={"acp.worker.*": 10000})
     bus._inbox = worker.RedisInbox.for_layer(bus._layer)
     bus.hosts_connections = False  # as a management command: not counted as a worker
-    monkeypatch.setattr(gateway, "bus", bus)
+    patch_bus(monkeypatch, bus)
     yield bus
 
 

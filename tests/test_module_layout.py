@@ -180,7 +180,8 @@ def test_the_package_has_no_import_cycle() -> None:
     """None at import time, and none through the late imports inside functions either (those
     break cycles at import time only: the modules still depend on each other)."""
     at_import = import_graph(late=False)
-    assert "acp_channels.agents" in at_import["acp_channels.host.connection"]  # importing agents.channel runs the package
+    # importing agents.channel runs the package
+    assert "acp_channels.agents" in at_import["acp_channels.host.connection"]
     assert "acp_channels.agents.sdk" not in at_import["acp_channels.agents.factory"]
     assert cycles(at_import) == []
     with_late = import_graph(late=True)

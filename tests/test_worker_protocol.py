@@ -62,6 +62,7 @@ from acp_channels.worker_protocol import (
     UnknownOp,
     WorkerFailed,
 )
+from tests.gateway_bus import patch_bus
 
 ALICE = Principal("user", "7", "alice")
 INFO = ConnectionInfo("c.0123456789ab", "0123456789ab", "user:alice", "http", 2, 1.5, 0.25, 300, 4242)
@@ -251,7 +252,7 @@ def buses(monkeypatch: pytest.MonkeyPatch) -> tuple[LinkedBus, LinkedBus]:
     """(caller, host): the caller's replies come back to it, the host serves ops."""
     caller, host = LinkedBus(), LinkedBus()
     caller.peer, host.peer = host, caller
-    monkeypatch.setattr(gateway, "bus", caller)
+    patch_bus(monkeypatch, caller)
     return caller, host
 
 
@@ -264,7 +265,7 @@ async def test_a_handler_that_raises_is_an_internal_reply_and_the_caller_raises(
         raise RuntimeError("boom")
 
     host.handle(Submit, broken)
-    handle = gateway.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE)
+    handle = gateway.remote.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE)
     plan = InboundPlan(Single({"jsonrpc": "2.0", "id": 1, "method": "x"}), [("1", None)], [], None)
     with pytest.raises(WorkerFailed, match="the connection's worker failed to handle submit"):
         await handle.submit(plan)
@@ -406,7 +407,7 @@ async def test_a_worker_whose_heartbeat_is_gone_is_unreachable(buses: tuple[Link
 
     caller.send = lost  # type: ignore[method-assign]
     caller.heartbeat = FixedHeartbeat(alive=False)  # type: ignore[assignment]
-    handle = gateway.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE)
+    handle = gateway.remote.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE)
     with pytest.raises(HostUnreachable):
         await handle.terminate()
 
@@ -422,7 +423,7 @@ async def test_every_refusal_is_raised_as_a_local_host_raises_it(
 
     for op in OPS.values():
         host.handle(op, refuse)
-    handle = gateway.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE)
+    handle = gateway.remote.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE)
     plan = InboundPlan(Single({"jsonrpc": "2.0", "id": 1, "method": "x"}), [("1", None)], [], None)
     calls = {
         Submit: lambda: handle.submit(plan),
@@ -451,7 +452,7 @@ async def test_a_refused_reply_detail_survives(buses: tuple[LinkedBus, LinkedBus
 
     host.handle(Lease, refuse)
     with pytest.raises(ReplayUnavailable) as refused:
-        await gateway.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE).lease("s1", "zz:9")
+        await gateway.remote.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE).lease("s1", "zz:9")
     assert (refused.value.reason, refused.value.event_id) == ("foreign", "zz:9")
 
 
@@ -475,21 +476,21 @@ def loopback(monkeypatch: pytest.MonkeyPatch) -> LoopbackBus:
 
     loop_bus = LoopbackBus()
     loop_bus._handlers = dict(worker.bus._handlers)
-    monkeypatch.setattr(gateway, "bus", loop_bus)
+    patch_bus(monkeypatch, loop_bus)
     return loop_bus
 
 
-async def pushed_stream(items: int) -> tuple[Mailbox, gateway.LeaseOnHost, gateway.RemoteStream]:
+async def pushed_stream(items: int) -> tuple[Mailbox, gateway.serve.LeaseOnHost, gateway.remote.RemoteStream]:
     mailbox = Mailbox(OutboundBudget(1 << 20))
     for n in range(items):
         mailbox.push(f"item-{n}")
-    reader = gateway.RemoteStream("0123456789ab", "lease-under-test")
+    reader = gateway.remote.RemoteStream("0123456789ab", "lease-under-test")
 
     async def leased() -> None:
         pass
 
     await reader.leasing(leased())
-    lease = gateway.LeaseOnHost(reader.lease_id, "0123456789ab", mailbox, host=None)  # type: ignore[arg-type]
+    lease = gateway.serve.LeaseOnHost(reader.lease_id, "0123456789ab", mailbox, host=None)  # type: ignore[arg-type]
     mailbox.acquire(lease)
     lease.start()
     return mailbox, lease, reader
