@@ -464,9 +464,9 @@ async def memory(key: str, sizes: dict[str, Any]) -> dict[str, Any]:
 #: (label, function qualname, file, a text on the line to count, or None for the whole function)
 PROFILE_TARGETS = [
     ("sse_body (views.py): the SSE write loop, all of it", "sse_body", "acp_channels/views.py", None),
-    ("sse_event (protocol.py): one event's bytes", "sse_event", "acp_channels/protocol.py", None),
-    ("sse_event: the `id:` line", "sse_event", "acp_channels/protocol.py", 'b"id: "'),
-    ("event_id (protocol.py): the id text", "event_id", "acp_channels/protocol.py", None),
+    ("sse_event (protocol/sse.py): one event's bytes", "sse_event", "acp_channels/protocol/sse.py", None),
+    ("sse_event: the `id:` line", "sse_event", "acp_channels/protocol/sse.py", 'b"id: "'),
+    ("event_id (protocol/sse.py): the id text", "event_id", "acp_channels/protocol/sse.py", None),
     ("Mailbox.take (host/mailbox.py)", "Mailbox.take", "acp_channels/host/mailbox.py", None),
     ("Mailbox.settle (host/mailbox.py)", "Mailbox.settle", "acp_channels/host/mailbox.py", None),
     ("Mailbox._trim_window (host/mailbox.py): forgetting beyond the window", "Mailbox._trim_window", "acp_channels/host/mailbox.py",
