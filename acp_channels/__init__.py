@@ -1,3 +1,82 @@
-"""acp-channels: serve Agent Client Protocol agents over HTTP+SSE and WebSocket from Django."""
+"""acp-channels: serve Agent Client Protocol agents over HTTP+SSE and WebSocket from Django.
+
+The public names of the server side are importable from here (docs/api.md lists them with what
+they promise); the client is `acp_channels.client`. Every other module is internal. Names load on
+first use, so importing this package (in settings, say) imports nothing of Django's.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: Public name -> the module that defines it.
+_PUBLIC = {
+    "ANONYMOUS": "acp_channels.identity",
+    "AgentContext": "acp_channels.identity",
+    "Principal": "acp_channels.identity",
+    "TransportKind": "acp_channels.identity",
+    "RequestContext": "acp_channels.auth",
+    "Refused": "acp_channels.auth",
+    "bearer_token": "acp_channels.auth",
+    "django_user": "acp_channels.auth",
+    "settings_tokens": "acp_channels.auth",
+    "AgentChannel": "acp_channels.agents.channel",
+    "AgentClosed": "acp_channels.agents.channel",
+    "build_asgi_application": "acp_channels.routing",
+    "websocket_urlpatterns": "acp_channels.routing",
+    "ACP_ALLOW_HEADERS": "acp_channels.cors",
+    "ACP_EXPOSE_HEADERS": "acp_channels.cors",
+    "cors_allow_headers": "acp_channels.cors",
+    "RedisChannelLayer": "acp_channels.layers",
+    "AcpASGIHandler": "acp_channels.handler",
+    "BodyLimit": "acp_channels.limits",
+}
+
+__all__ = [
+    "ACP_ALLOW_HEADERS",
+    "ACP_EXPOSE_HEADERS",
+    "ANONYMOUS",
+    "AcpASGIHandler",
+    "AgentChannel",
+    "AgentClosed",
+    "AgentContext",
+    "BodyLimit",
+    "Principal",
+    "RedisChannelLayer",
+    "Refused",
+    "RequestContext",
+    "TransportKind",
+    "__version__",
+    "bearer_token",
+    "build_asgi_application",
+    "cors_allow_headers",
+    "django_user",
+    "settings_tokens",
+    "websocket_urlpatterns",
+]
+
+if TYPE_CHECKING:
+    from acp_channels.agents.channel import AgentChannel, AgentClosed
+    from acp_channels.auth import Refused, RequestContext, bearer_token, django_user, settings_tokens
+    from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS, cors_allow_headers
+    from acp_channels.handler import AcpASGIHandler
+    from acp_channels.identity import ANONYMOUS, AgentContext, Principal, TransportKind
+    from acp_channels.layers import RedisChannelLayer
+    from acp_channels.limits import BodyLimit
+    from acp_channels.routing import build_asgi_application, websocket_urlpatterns
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'acp_channels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

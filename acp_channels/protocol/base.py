@@ -1,5 +1,7 @@
 """Names on the wire (headers, methods, error codes), the message types, the JSON-RPC errors the
-transport side produces (§12), and big batches processed in slices (§7)."""
+transport side produces (§12), and big batches processed in slices (§7).
+Section numbers (§N) refer to docs/wire-contract.md.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Frames (§4.1): how text becomes a single message, a batch or malformed input, and back."""
+"""Frames (§4.1): how text becomes a single message, a batch or malformed input, and back.
+Section numbers (§N) refer to docs/wire-contract.md.
+"""
 
 from __future__ import annotations
 

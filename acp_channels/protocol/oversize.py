@@ -1,4 +1,6 @@
-"""What an agent message too large to relay becomes (§6.7)."""
+"""What an agent message too large to relay becomes (§6.7).
+Section numbers (§N) refer to docs/wire-contract.md.
+"""
 
 from __future__ import annotations
 

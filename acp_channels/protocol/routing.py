@@ -1,5 +1,7 @@
 """Scopes and session ids (§4.2), the session header on a POST (§4.3), what an initial
-`initialize` is (§5.1), and where replies and the agent's output go (§6.4, §7.3)."""
+`initialize` is (§5.1), and where replies and the agent's output go (§6.4, §7.3).
+Section numbers (§N) refer to docs/wire-contract.md.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Header values (§3.1), the POST media type, and the SSE encoding with its event ids (§6.6)."""
+"""Header values (§3.1), the POST media type, and the SSE encoding with its event ids (§6.6).
+Section numbers (§N) refer to docs/wire-contract.md.
+"""
 
 from __future__ import annotations
 
