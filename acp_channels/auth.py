@@ -26,6 +26,12 @@ from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from acp_channels.conf import acp_settings
+from acp_channels.errors import (
+    DEFAULT_CHALLENGE,
+)
+from acp_channels.errors import (
+    Refused as Refused,  # re-exported: authenticators raise it from here
+)
 from acp_channels.identity import ANONYMOUS, Principal, TransportKind
 
 #: The WebSocket subprotocol of ACP; the server accepts with it when the client offers it.
@@ -33,44 +39,8 @@ SUBPROTOCOL: Final = "acp"
 #: A browser's WebSocket carries its bearer token as the offered subprotocol `acp.bearer.<token>`.
 BEARER_SUBPROTOCOL_PREFIX: Final = "acp.bearer."
 #: The challenge of a 401 (RFC 6750); `error="invalid_token"` is added when a token was wrong.
-REALM: Final = 'Bearer realm="acp"'
-
-AUTHENTICATION_REQUIRED: Final = "authentication required"
-INVALID_TOKEN: Final = "invalid or expired token"
-PERMISSION_REQUIRED: Final = "not allowed to use this agent"
+REALM: Final = DEFAULT_CHALLENGE
 CROSS_SITE: Final = "cross-site request refused"
-
-
-class Refused(Exception):
-    """Authentication refused: 401 (no credentials, or bad ones; `challenge` goes in
-    WWW-Authenticate) or 403 (known, not allowed). `reason` is the plain-text body: never a
-    token."""
-
-    def __init__(self, status: int, reason: str, challenge: str | None = None) -> None:
-        if status not in (401, 403):
-            raise ValueError("a refusal is 401 or 403")
-        super().__init__(status, reason)
-        self.status = status
-        self.reason = reason
-        self.challenge = challenge if challenge is not None or status == 403 else REALM
-
-    @classmethod
-    def unauthenticated(cls, reason: str = AUTHENTICATION_REQUIRED) -> Refused:
-        """No credentials: 401 with the bare challenge."""
-        return cls(401, reason, REALM)
-
-    @classmethod
-    def invalid_token(cls, reason: str = INVALID_TOKEN) -> Refused:
-        """A token was given and is not valid: 401 with `error="invalid_token"`."""
-        return cls(401, reason, f'{REALM}, error="invalid_token"')
-
-    @classmethod
-    def forbidden(cls, reason: str = PERMISSION_REQUIRED) -> Refused:
-        """Known, but not allowed: 403."""
-        return cls(403, reason)
-
-    def __str__(self) -> str:
-        return f"{self.status} {self.reason}"
 
 
 class RequestContext:

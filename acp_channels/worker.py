@@ -37,6 +37,7 @@ from typing import Any, Final, TypeVar
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
+from acp_channels.errors import AgentBusy, HostUnreachable, LayerUnavailable, WorkerBusy
 from acp_channels.liveness import Heartbeat, WorkerGone, reply_or_gone
 from acp_channels.metrics import measured_call
 from acp_channels.redis_wire import RedisReplyError, RedisWire, Script
@@ -98,23 +99,6 @@ def worker_of(connection_id: str) -> str | None:
     """The id of the worker hosting a connection, or None for an id we never issued."""
     _, _, worker_id = connection_id.rpartition(".")
     return worker_id if len(worker_id) == 12 and worker_id.isalnum() else None
-
-
-class HostUnreachable(Exception):
-    """The connection's worker did not answer (it died): the connection is gone (404)."""
-
-
-class AgentBusy(Exception):
-    """The host's worker received the call, but the agent did not take the frame in time: 503."""
-
-
-class WorkerBusy(AgentBusy):
-    """The host's worker is alive (its heartbeat is there) but did not take the call in time;
-    the call expired unserved there, so trying again is safe: 503 with Retry-After."""
-
-
-class LayerUnavailable(Exception):
-    """The channel layer itself failed (Redis down): 503."""
 
 
 OpHandler = Callable[[Any], Awaitable[Reply | None]]

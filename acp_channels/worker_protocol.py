@@ -59,6 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Final, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from acp_channels.errors import WorkerFailed
 from acp_channels.identity import Principal
 from acp_channels.inventory import ConnectionInfo
 from acp_channels.protocol import StreamKey
@@ -82,16 +83,6 @@ Kind = Literal["acp.op", "acp.receipt", "acp.result", "acp.push"]
 
 class MalformedMessage(ValueError):
     """A message (or a field of one) that does not follow this protocol."""
-
-
-class WorkerFailed(Exception):
-    """The connection's worker answered an op with something its caller cannot accept: its
-    handler failed (Internal), it does not know the op, or the message was unreadable. 500."""
-
-    def __init__(self, op: str, reply: Reply) -> None:
-        super().__init__(f"the connection's worker failed to handle {op} ({describe(reply)})")
-        self.op = op
-        self.reply = reply
 
 
 # -- messages ---------------------------------------------------------------------------------
@@ -625,5 +616,5 @@ def decode_push(message: dict[str, Any]) -> Pushed | PushEnded:
 def expect(op: Op, reply: Reply) -> Reply:
     """The reply if `op` may get it, else WorkerFailed."""
     if not isinstance(reply, op.replies):
-        raise WorkerFailed(op.name, reply)
+        raise WorkerFailed(op.name, describe(reply), reply)
     return reply

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeAlias
 
+from acp_channels.errors import AgentClosed
 from acp_channels.protocol import Frame
 
 #: Optional on an adapter: `direct_sink(sink, room)`. The host's sink routes a frame as the agent
@@ -34,5 +35,4 @@ class AgentChannel(Protocol):
         """Stop the agent now (abortive); receive() then ends with None."""
 
 
-class AgentClosed(ConnectionError):
-    """The agent no longer accepts input."""
+__all__ = ["AgentChannel", "AgentClosed", "FrameSink", "RoomWaiter"]

@@ -27,9 +27,18 @@ answers them in its own way. The edges import from here and from `protocol` only
 answer are re-exported below.
 """
 
-from acp_channels.agents.channel import AgentClosed
+from acp_channels.errors import (
+    AgentBusy,
+    AgentClosed,
+    AgentNotStarted,
+    HostUnreachable,
+    LayerUnavailable,
+    ShuttingDown,
+    WorkerBusy,
+    WorkerFailed,
+)
 from acp_channels.gateway.handles import HostHandle, SocketAttachment, SocketEnd, StreamReader
-from acp_channels.gateway.local import AgentNotStarted, NewConnection, ShuttingDown, locate, open_connection
+from acp_channels.gateway.local import NewConnection, locate, open_connection
 from acp_channels.gateway.serve import cluster_connections, end_connection
 from acp_channels.host import (
     AgentEnded,
@@ -41,8 +50,6 @@ from acp_channels.host import (
     TooManyRequests,
     TooManyStreams,
 )
-from acp_channels.worker import AgentBusy, HostUnreachable, LayerUnavailable, WorkerBusy
-from acp_channels.worker_protocol import WorkerFailed
 
 #: What the edges use: finding and opening connections, and the errors they answer; and the
 #: cluster view for operators.

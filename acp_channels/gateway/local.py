@@ -7,6 +7,7 @@ import asyncio
 
 from acp_channels.agents.factory import create_agent_channel
 from acp_channels.conf import acp_settings
+from acp_channels.errors import AgentBusy, AgentNotStarted, ShuttingDown
 from acp_channels.gateway.handles import (
     SUBMIT_TIMEOUT,
     HostHandle,
@@ -30,13 +31,7 @@ from acp_channels.host import (
 from acp_channels.identity import Principal, TransportKind
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import Frame, InboundPlan, StreamKey
-from acp_channels.worker import (
-    WORKER_ID,
-    AgentBusy,
-    bus,
-    new_connection_id,
-    worker_of,
-)
+from acp_channels.worker import WORKER_ID, bus, new_connection_id, worker_of
 
 
 def locate(connection_id: str, principal: Principal) -> HostHandle | None:
@@ -50,15 +45,6 @@ def locate(connection_id: str, principal: Principal) -> HostHandle | None:
     if worker_id is None or worker_id == WORKER_ID or not bus.shared:
         return None
     return RemoteHandle(worker_id, connection_id, principal)
-
-
-class ShuttingDown(Exception):
-    """This worker is draining: it opens no new connection (503; a new socket is refused)."""
-
-
-class AgentNotStarted(Exception):
-    """The agent factory failed for a new connection (500; a socket closes with 1011). Logged,
-    with its cause, where it happened."""
 
 
 def open_connection(transport: TransportKind, principal: Principal, remote_address: str | None) -> NewConnection:

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from acp_channels import protocol
 from acp_channels.agents.channel import AgentClosed
+from acp_channels.errors import HostUnreachable, LayerUnavailable, WorkerBusy, WorkerFailed
 from acp_channels.gateway.handles import (
     SUBMIT_TIMEOUT,
     TERMINATE_TIMEOUT,
@@ -32,16 +33,7 @@ from acp_channels.host import (
 from acp_channels.identity import Principal
 from acp_channels.lifecycle import lifecycle
 from acp_channels.protocol import InboundPlan, SessionHeaderError, StreamKey
-from acp_channels.worker import (
-    SLOW_WORKER_PATIENCE,
-    TAKE_WAIT,
-    WORKER_ID,
-    HostUnreachable,
-    LayerUnavailable,
-    WorkerBusy,
-    bus,
-    worker_timeout,
-)
+from acp_channels.worker import SLOW_WORKER_PATIENCE, TAKE_WAIT, WORKER_ID, bus, worker_timeout
 from acp_channels.worker_protocol import (
     ACK_DELAY,
     PUSH_CREDIT_BATCHES,
@@ -72,7 +64,7 @@ from acp_channels.worker_protocol import (
     Terminated,
     TooManyPending,
     UnknownConnection,
-    WorkerFailed,
+    describe,
 )
 
 _lease_ids = itertools.count()
@@ -96,7 +88,7 @@ def raise_refusal(connection_id: str, refusal: ErrorReply) -> NoReturn:
         raise ReplayUnavailable("gone" if refusal.reason == "gone" else "foreign", refusal.event)
     if isinstance(refusal, Closed):
         raise AgentClosed("connection ended")
-    raise WorkerFailed("a call", refusal)
+    raise WorkerFailed("a call", describe(refusal), refusal)
 
 
 class RemoteHandle:
@@ -111,7 +103,7 @@ class RemoteHandle:
         if isinstance(reply, ErrorReply):
             raise_refusal(self.connection_id, reply)
         if not isinstance(reply, result):
-            raise WorkerFailed(op.name, reply)
+            raise WorkerFailed(op.name, describe(reply), reply)
         return reply
 
     async def submit(self, plan: InboundPlan) -> None:

@@ -9,6 +9,7 @@ from collections import deque
 
 from acp_channels import protocol
 from acp_channels.agents.channel import AgentClosed
+from acp_channels.errors import HostUnreachable
 from acp_channels.gateway.handles import (
     LIST_TIMEOUT,
     SOCKET_END_REASONS,
@@ -30,15 +31,7 @@ from acp_channels.host import (
 )
 from acp_channels.inventory import ConnectionInfo, local_connections
 from acp_channels.protocol import InboundPlan, SessionHeaderError
-from acp_channels.worker import (
-    MAX_TAKE_BYTES,
-    WORKER_ID,
-    HostUnreachable,
-    bus,
-    lease_idle_limit,
-    worker_of,
-    worker_timeout,
-)
+from acp_channels.worker import MAX_TAKE_BYTES, WORKER_ID, bus, lease_idle_limit, worker_of, worker_timeout
 from acp_channels.worker_protocol import (
     COALESCE_AFTER_ITEMS,
     COALESCE_SECONDS,

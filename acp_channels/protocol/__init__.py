@@ -10,6 +10,7 @@ Section numbers (§N) refer to docs/wire-contract.md, the wire contract we imple
 
 from __future__ import annotations
 
+from acp_channels.errors import SessionHeaderError
 from acp_channels.protocol.base import (
     CANCEL_REQUEST_METHOD,
     CONNECTION_HEADER,
@@ -80,7 +81,6 @@ from acp_channels.protocol.routing import (
     SESSION_REQUIRED,
     InboundPlan,
     RouteLookup,
-    SessionHeaderError,
     apply_session_header,
     check_response_session,
     find_reply,

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
+from acp_channels.errors import SessionHeaderError
 from acp_channels.protocol.base import (
     CANCEL_REQUEST_METHOD,
     CONNECTION_STREAM,
@@ -70,10 +71,6 @@ def message_session_id(message: Message) -> str | None:
     if not isinstance(session_id, str) or is_connection_scoped(message):
         return None
     return session_id
-
-
-class SessionHeaderError(ValueError):
-    """A POST's session header does not fit one of its messages (§4.3): answered with 400."""
 
 
 MISMATCHED_SESSION = "Acp-Session-Id header does not match params.sessionId"
