@@ -9,18 +9,13 @@ the reply; over WebSocket there is one stream, so only the ids are counted.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from acp_channels import protocol
 from acp_channels.conf import acp_settings
 from acp_channels.errors import TooManyRequests
 from acp_channels.host.budget import WorkerBudget
 from acp_channels.protocol import Batch, Frame, Single, StreamKey
-
-#: The JSON-RPC error a WebSocket request over MAX_PENDING_REQUESTS gets instead of forwarding.
-TOO_MANY_REQUESTS_CODE: Final = -32000
-TOO_MANY_REQUESTS_MESSAGE: Final = "too many requests in flight"
-TOO_MANY_REQUEST_BYTES_MESSAGE: Final = "the requests in flight hold too many bytes"
 
 
 class PendingRequests:
@@ -136,10 +131,7 @@ class PendingRequests:
 
 
 def too_many_requests_reply(frame: Frame, ids: list[Any], refusal: TooManyRequests) -> Frame:
-    """The error replies a refused WebSocket frame gets: one per request, a batch for a batch."""
-    if refusal.unit == "bytes":
-        message, data = TOO_MANY_REQUEST_BYTES_MESSAGE, {"limit": refusal.limit, "unit": "bytes"}
-    else:
-        message, data = TOO_MANY_REQUESTS_MESSAGE, {"limit": refusal.limit}
-    errors = [protocol.error_response(request_id, TOO_MANY_REQUESTS_CODE, message, data) for request_id in ids]
+    """The error replies a refused WebSocket frame gets (acp_channels.errors): one per request,
+    a batch for a batch."""
+    errors = [refusal.rpc_error(request_id) for request_id in ids]
     return Batch(list[protocol.BatchEntry](errors)) if isinstance(frame, Batch) else Single(errors[0])
