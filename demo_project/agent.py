@@ -18,7 +18,7 @@ import os
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from acp import PROTOCOL_VERSION, RequestError
 from acp.helpers import (
@@ -96,6 +96,9 @@ HELP_TEXT = "\n".join(
 # Let the event loop run other handlers (e.g. session/cancel) this often while streaming:
 # in-memory transports never suspend on send, so without it a long stream cannot be cancelled.
 _STREAM_YIELD_EVERY = 256
+#: What a session keeps of its conversation for session/load, in characters: a client streaming
+#: gigabytes (`stream 50 15000000`) must not make the agent keep them (the rest is summarized).
+HISTORY_CHARS: Final = 1024 * 1024
 
 T = TypeVar("T")
 ContentBlock = (
@@ -113,6 +116,11 @@ class DemoSession:
     # One event per in-flight prompt; a set so session/cancel never leaks into a later turn.
     turns: set[asyncio.Event] = field(default_factory=set)
 
+    def trim_history(self) -> None:
+        """Forget the oldest turns beyond HISTORY_CHARS (the latest one is always kept)."""
+        while len(self.history) > 1 and sum(len(text) for _, text in self.history) > HISTORY_CHARS:
+            del self.history[0]
+
     @property
     def title(self) -> str | None:
         first = next((text for role, text in self.history if role == "user" and text), None)
@@ -129,6 +137,20 @@ class _Turn:
     session: DemoSession
     cancelled: asyncio.Event
     output: list[str] = field(default_factory=list)
+    kept: int = 0  # characters of `output`
+    dropped: int = 0  # characters said beyond HISTORY_CHARS, not kept
+
+    def keep(self, text: str) -> None:
+        room = HISTORY_CHARS - self.kept
+        if len(text) <= room:
+            self.output.append(text)
+            self.kept += len(text)
+        else:
+            self.dropped += len(text)
+
+    def transcript(self) -> str:
+        said = "".join(self.output)
+        return f"{said}\n[{self.dropped} more characters not kept]" if self.dropped else said
 
 
 class DemoAgent:
@@ -268,14 +290,15 @@ class DemoAgent:
             stop_reason = await self._run_command(turn, text)
         finally:
             session.turns.discard(turn.cancelled)
-            if turn.output:
-                session.history.append(("agent", "".join(turn.output)))
+            if turn.output or turn.dropped:
+                session.history.append(("agent", turn.transcript()))
+                session.trim_history()
         if turn.cancelled.is_set():
             stop_reason = "cancelled"  # the spec wants `cancelled` for any turn hit by session/cancel
         return PromptResponse(stop_reason=stop_reason)
 
     async def _say(self, turn: _Turn, text: str) -> None:
-        turn.output.append(text)
+        turn.keep(text)
         await self.conn.session_update(turn.session.session_id, update_agent_message_text(text))
 
     async def _run_command(self, turn: _Turn, text: str) -> StopReason:

@@ -459,3 +459,22 @@ async def test_set_mode_notifies_current_mode() -> None:
         with pytest.raises(RequestError) as info:
             await h.conn.set_session_mode(session_id=sid, mode_id="turbo")
         assert info.value.code == -32602
+
+
+async def test_a_long_turn_is_kept_only_up_to_the_history_bound() -> None:
+    """`stream 50 15000000` must not make the agent keep 750 MB (before: every chunk was kept
+    for session/load, so a client grew the server by twice what it streamed)."""
+    from demo_project.agent import HISTORY_CHARS
+
+    chunk = HISTORY_CHARS // 2 + 1  # three of them: more than the bound
+    async with connected() as h:
+        sid = await h.new_session()
+        assert (await h.prompt(sid, f"stream 3 {chunk}")).stop_reason == "end_turn"
+        assert [len(text) for text in h.client.texts()] == [chunk] * 3  # the client got it all
+        h.client.updates.clear()
+        await h.conn.load_session(cwd=CWD, session_id=sid)
+        replayed = h.client.texts()
+    assert len(replayed) == 1
+    kept = replayed[0]
+    assert len(kept) < HISTORY_CHARS + 100
+    assert kept.endswith(f"[{chunk} more characters not kept]")
