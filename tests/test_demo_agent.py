@@ -477,4 +477,4 @@ async def test_a_long_turn_is_kept_only_up_to_the_history_bound() -> None:
     assert len(replayed) == 1
     kept = replayed[0]
     assert len(kept) < HISTORY_CHARS + 100
-    assert kept.endswith(f"[{chunk} more characters not kept]")
+    assert kept.endswith(f"[{2 * chunk} more characters not kept]")  # the first chunk fits, not the next two
