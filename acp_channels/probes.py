@@ -20,6 +20,7 @@ RETRY_AFTER_DRAINING: Final = 10
 RETRY_AFTER_LAYER: Final = 2
 DRAINING: Final = "draining: this worker is shutting down"
 LAYER_UNREACHABLE: Final = "channel layer unreachable: {reason}"
+AT_CAPACITY: Final = "at capacity: "
 
 
 def _text(status: int, body: str, retry_after: int | None = None) -> HttpResponse:
@@ -38,15 +39,19 @@ def _refuse_method(request: HttpRequest) -> HttpResponse | None:
 
 
 async def ready(request: HttpRequest) -> HttpResponse:
-    """GET /ready: 200 `ready` when this worker can serve new connections; else 503 with a
-    one-line reason and Retry-After (it is draining, or a message through the channel layer to
-    its own inbox did not come back within READY_TIMEOUT)."""
+    """GET /ready: 200 `ready` when this worker can take a new connection; else 503 with a
+    one-line reason and Retry-After, so a balancer sends new clients elsewhere: it is draining,
+    it is at MAX_CONNECTIONS or holds its whole output budget (what initialize would answer), or
+    a message through the channel layer to its own inbox did not come back within READY_TIMEOUT."""
     from acp_channels.cluster_admin import ClusterUnreachable, ping_self
+    from acp_channels.gateway import ShuttingDown, admission_refusal
 
     if (refused := _refuse_method(request)) is not None:
         return refused
-    if lifecycle.draining:
-        return _text(503, DRAINING, RETRY_AFTER_DRAINING)
+    if (full := admission_refusal()) is not None:
+        if isinstance(full, ShuttingDown):
+            return _text(503, DRAINING, RETRY_AFTER_DRAINING)
+        return _text(503, f"{AT_CAPACITY}{full.text}", full.retry_after)
     try:
         await ping_self(READY_TIMEOUT)
     except ClusterUnreachable as error:

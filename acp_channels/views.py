@@ -64,8 +64,7 @@ WORKER_BUDGET_FULL = "this server is holding too much undelivered output; try ag
 TOO_MANY_SESSION_STREAMS = "too many session streams on this connection (at most {limit}); close one and try again"
 TOO_MANY_PENDING_REQUESTS = "too many requests in flight on this connection (at most {limit}); wait for replies"
 TOO_MANY_PENDING_BYTES = (
-    "the requests in flight on this connection (or this worker) hold too many bytes (at most {limit}); "
-    "wait for replies"
+    "the requests in flight on this connection (or this worker) hold too many bytes (at most {limit}); wait for replies"
 )
 #: Retry-After seconds: connections live long, undelivered output drains as readers read, and a
 #: connection's own streams and requests free up as soon as it closes or gets replies.

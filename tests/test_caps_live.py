@@ -193,14 +193,21 @@ async def test_websocket_requests_that_would_hold_over_a_body_get_errors(caps_se
 # -- the worker's caps ---------------------------------------------------------------------------
 
 
-async def test_max_connections_is_503_with_retry_after(http: httpx.AsyncClient) -> None:
+async def test_max_connections_is_503_with_retry_after_and_not_ready(http: httpx.AsyncClient) -> None:
+    """At the cap, initialize is 503 and so is /ready (a balancer sends new clients elsewhere);
+    /health stays 200 (liveness). One connection freed, both are 200 again."""
     async with single({"ACP_MAX_CONNECTIONS": "2"}) as server:
+        ready, health = server.url.replace("/acp", "/ready"), server.url.replace("/acp", "/health")
         first = await initialize(http, server.url)
+        assert (await http.get(ready)).status_code == 200
         await initialize(http, server.url)
         response = await http.post(server.url, headers=JSON, json=rpc(0, "initialize", {"protocolVersion": 1}))
         assert_refused(response, 503, "too many ACP connections on this server")
         assert "acp-connection-id" not in response.headers
+        assert_refused(await http.get(ready), 503, "at capacity: too many ACP connections on this server")
+        assert (await http.get(health)).status_code == 200
         assert (await http.delete(server.url, headers={"Acp-Connection-Id": first})).status_code == 202
+        assert (await http.get(ready)).status_code == 200
         await initialize(http, server.url)
 
 
@@ -218,6 +225,7 @@ async def test_worker_output_budget_is_503_and_nothing_is_dropped(http: httpx.As
                 break
             await asyncio.sleep(0.05)
         assert_refused(response, 503, "this server is holding too much undelivered output; try again")
+        assert_refused(await http.get(url.replace("/acp", "/ready")), 503, "at capacity: this server is holding")
         async with open_sse(http, url, connection_id, "s") as reader:
             numbers = [(await reader.next(T))["params"]["n"] for _ in range(3000)]
             assert numbers == list(range(3000))

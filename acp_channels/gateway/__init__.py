@@ -38,7 +38,7 @@ from acp_channels.errors import (
     WorkerFailed,
 )
 from acp_channels.gateway.handles import HostHandle, SocketAttachment, SocketEnd, StreamReader
-from acp_channels.gateway.local import NewConnection, locate, open_connection
+from acp_channels.gateway.local import NewConnection, admission_refusal, locate, open_connection
 from acp_channels.gateway.serve import cluster_connections, end_connection
 from acp_channels.host import (
     AgentEnded,
@@ -75,6 +75,7 @@ __all__ = [
     "TooManyStreams",
     "WorkerBusy",
     "WorkerFailed",
+    "admission_refusal",
     "cluster_connections",
     "end_connection",
     "locate",

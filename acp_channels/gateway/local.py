@@ -47,6 +47,14 @@ def locate(connection_id: str, principal: Principal) -> HostHandle | None:
     return RemoteHandle(worker_id, connection_id, principal)
 
 
+def admission_refusal() -> ShuttingDown | ServerFull | None:
+    """Why this worker would refuse a new connection now, whoever asks (None: it would take
+    one). The principal's quota is checked at initialize only."""
+    if lifecycle.draining:
+        return ShuttingDown()
+    return registry.full()
+
+
 def open_connection(transport: TransportKind, principal: Principal, remote_address: str | None) -> NewConnection:
     """Admit and open a connection hosted by this worker, owned by `principal`, with a new agent
     from the `AGENT` setting and the connection's limits from the settings.

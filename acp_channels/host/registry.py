@@ -63,11 +63,8 @@ class Registry:
             and self._per_principal.get(principal, 0) >= per_principal
         ):
             raise QuotaExceeded(per_principal)
-        max_connections = acp_settings.MAX_CONNECTIONS
-        if max_connections is not None and len(self._hosts) >= max_connections:
-            raise ServerFull("connections")
-        if self.budget.full():
-            raise ServerFull("budget")
+        if (full := self.full()) is not None:
+            raise full
         context = AgentContext(principal, connection_id, transport, remote_address)
         host = ConnectionHost(
             connection_id,
@@ -92,6 +89,16 @@ class Registry:
         )
         self._ensure_reaper()
         return host
+
+    def full(self) -> ServerFull | None:
+        """Why this worker takes no new connection now (MAX_CONNECTIONS, or its whole output
+        budget held), or None: what initialize and /ready both answer."""
+        max_connections = acp_settings.MAX_CONNECTIONS
+        if max_connections is not None and len(self._hosts) >= max_connections:
+            return ServerFull("connections")
+        if self.budget.full():
+            return ServerFull("budget")
+        return None
 
     def connections_of(self, principal: Principal) -> int:
         """Connections `principal` holds on this worker (0 for ANONYMOUS: not counted)."""
