@@ -12,6 +12,9 @@ class AcpChannelsConfig(AppConfig):
 
         daphne_compat.install()
         _skip_database_request_hooks()
+        from acp_channels import logs
+
+        logs.install()  # refusals a client caused: INFO, not WARNING or ERROR
         _import_the_agent()
         from acp_channels.cors import enable_cors_for_acp
 
