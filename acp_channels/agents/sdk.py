@@ -26,6 +26,7 @@ from typing import Any
 
 from acp.agent.connection import AgentSideConnection
 from acp.exceptions import RequestError
+from pydantic import ValidationError
 
 from acp_channels import protocol
 from acp_channels.agents.channel import AgentClosed, FrameSink, RoomWaiter
@@ -248,13 +249,14 @@ class SdkAgentChannel:
 
     @staticmethod
     async def _notify(inner: Handler, method: str, params: Any) -> None:
-        """A notification the agent refuses (unknown method, bad params) gets no reply by
-        JSON-RPC's rules; the SDK would log a traceback for each one, so any client could flood
-        the log. A refusal is logged at debug level; the agent's own failures still surface."""
+        """A notification the agent refuses (unknown method, or params its schema rejects) gets
+        no reply by JSON-RPC's rules; the SDK would log a traceback for each one, so any client
+        could flood the log. A refusal is logged at debug level; the agent's own failures still
+        surface."""
         try:
             await inner(method, params, True)
-        except RequestError as error:
-            logger.debug("notification %s refused by the agent: %s", method, error)
+        except (RequestError, ValidationError) as error:
+            logger.debug("notification %s refused by the agent: %s", method, str(error).splitlines()[0])
 
     async def _run(self) -> None:
         try:

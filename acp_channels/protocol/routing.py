@@ -77,6 +77,8 @@ MISMATCHED_SESSION = "Acp-Session-Id header does not match params.sessionId"
 NON_STRING_SESSION = "params.sessionId must be a string"
 ARRAY_PARAMS = "Acp-Session-Id header requires object params"
 SESSION_REQUIRED = "Acp-Session-Id header required"
+#: The same refusal over WebSocket, where there are no headers (§8).
+SESSION_PARAM_REQUIRED = "params.sessionId (a string) required: a session method names its session"
 
 
 def apply_session_header(message: Message, header: str | None) -> tuple[Message, StreamKey]:
