@@ -11,6 +11,11 @@
 - Close codes: daphne closes through autobahn's `sendClose`, which only takes 1000 and 3000-4999
   (an application API rule) and raises on the codes servers send (1009, 1011, 1013), and it drops
   the close reason. We write the close frame with the code and reason the application gave.
+- Failing a socket with its code: autobahn fails a connection it must end (a text message that
+  is not UTF-8: 1007; a message over the size limit: 1009; a protocol error: 1002) by dropping
+  TCP at once (its `failByDrop` option, on by default), so a client that is still sending reads
+  a reset, never the code. Daphne's WebSocket factory now sets `failByDrop=False` (autobahn's
+  public protocol option): the close frame goes first, then the close handshake.
 - Handshake bytes: daphne decodes Sec-WebSocket-Protocol as ASCII and answers other bytes with
   a 500 and a traceback; such a handshake is refused with 400.
 - WebSocket scheme: daphne leaves `scheme` out of WebSocket scopes (ASGI's default is then "ws"),
@@ -67,6 +72,7 @@ def install() -> bool:
     _install_denial_response(WebSocketProtocol)
     _install_handshake_guard(WebSocketProtocol)
     _install_websocket_scheme()
+    _install_close_handshake_on_failure()
     _install_plain_debug_values()
     _install_guards()
     _install_graceful_sigterm()
@@ -178,6 +184,18 @@ def _streams_on(message: dict[str, Any]) -> bool:
     """A WebSocket message, or a response body chunk with more to come (an event stream)."""
     kind = message.get("type")
     return kind == "websocket.send" or (kind == "http.response.body" and bool(message.get("more_body")))
+
+
+def _install_close_handshake_on_failure() -> None:
+    from daphne.ws_protocol import WebSocketFactory
+
+    original = WebSocketFactory.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.setProtocolOptions(failByDrop=False)  # see the module docstring: close codes, not resets
+
+    WebSocketFactory.__init__ = __init__
 
 
 def _install_guards() -> None:

@@ -21,7 +21,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.live import JSON, MAX_MESSAGE, DaphneServer, rpc
+from tests.live import JSON, MAX_MESSAGE, DaphneServer, RawConnection, RawWebSocket, rpc
 
 TIMEOUT = 10.0
 #: A small message limit for the server, so an over-limit message is cheap to make.
@@ -164,3 +164,32 @@ async def test_closing_during_a_permission_request_leaves_no_unretrieved_task_ex
         server.stop()
     assert message["params"]["sessionId"] == session_id
     assert not [line for line in server.log if UNRETRIEVED in line], "".join(server.log)
+
+
+# -- what the client sends wrong: a close code, not a reset ------------------------------------
+
+
+async def close_code_after(server: DaphneServer, payload: bytes, opcode: int = 0x1) -> int:
+    """Send one raw masked frame and read until the server's close frame: its code (a reset,
+    before: ConnectionResetError)."""
+    raw = await RawConnection.open(server.port)
+    try:
+        ws = await RawWebSocket.open(raw)
+        await ws._send_frame(opcode, payload)
+        first, second = await asyncio.wait_for(raw.reader.readexactly(2), TIMEOUT)
+        assert first & 0x0F == 0x8, first  # a close frame, first thing back
+        size = second & 0x7F
+        body = await raw.reader.readexactly(size)
+        code: int = int.from_bytes(body[:2], "big")
+        return code
+    finally:
+        await raw.close()
+
+
+async def test_a_text_message_that_is_not_utf8_closes_with_1007(small_message_server: DaphneServer) -> None:
+    assert await close_code_after(small_message_server, b'\xff\xfe{"jsonrpc":"2.0"}') == 1007
+
+
+async def test_a_message_over_the_size_limit_closes_with_1009(small_message_server: DaphneServer) -> None:
+    """The client learns why: before, autobahn dropped TCP and a client still sending read a reset."""
+    assert await close_code_after(small_message_server, b"x" * (SOCKET_LIMIT + 1)) == 1009
