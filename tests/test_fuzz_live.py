@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import rawhttp
+from tests import malformed, rawhttp
 from tests.live import DaphneServer, initialize, open_sse, post, rpc
 from tests.rawhttp import Closed, Hang, RawResponse, SseStream, WsReader
 
@@ -208,8 +208,7 @@ BODIES = (
     | st.binary(max_size=300)
     | st.text(max_size=200).map(lambda text: text.encode("utf-8", "surrogatepass"))
     | NESTED
-    | st.sampled_from([b"", b"[]", b"{}", b"null", b"[[]]", b"[1,2]", b'"\\ud800"', b"1e99999", b"NaN",
-                       b'{"jsonrpc":"2.0","id":1,"method":"x"}' * 2, b"\xef\xbb\xbf{}", b"[" * 100000])
+    | st.sampled_from(malformed.ALL)  # the fixed list, which tests/test_malformed_logs_live.py sends too
 )
 
 

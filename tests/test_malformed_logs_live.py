@@ -1,8 +1,12 @@
-"""Malformed and invalid messages cost at most one log line each, never a traceback, over both
-transports, against the demo's SDK agent (the official `acp` SDK logs a traceback for every
-notification its schema rejects: before, 100 `session/cancel` without params over WebSocket made
-165 KB of ERROR lines). Over WebSocket a session method without its session gets the JSON-RPC
-error HTTP's 400 stands for; nothing of it reaches the agent."""
+"""Malformed and invalid messages cost at most one log line each, never a traceback and nothing
+at ERROR, over both transports, against the demo's SDK agent (the official `acp` SDK logs a
+traceback for every notification its schema rejects: before, 100 `session/cancel` without params
+over WebSocket made 165 KB of ERROR lines). Every message tests/malformed.py knows (the fuzz
+suite's fixed bodies among them) is sent REPEAT times. Over WebSocket a session method without
+its session gets the JSON-RPC error HTTP's 400 stands for; nothing of it reaches the agent.
+
+The log is another process's output, read by a thread: each test waits for the audit line of
+its connection's end (written after every line its messages caused) before it counts."""
 
 from __future__ import annotations
 
@@ -16,36 +20,10 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from acp_channels import protocol
-from tests.live import DaphneServer, initialize, post, rpc
+from tests import malformed
+from tests.live import DaphneServer, initialize, post, rpc, wait_for_line
 
-#: Every shape, valid JSON-RPC or not, that a session method or the SDK's schemas refuse.
-SHAPES: list[Any] = [
-    {"jsonrpc": "2.0", "method": "session/cancel"},
-    {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": 5}},
-    {"jsonrpc": "2.0", "method": "session/cancel", "params": [1, 2]},
-    {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "s1", "_meta": 5}},
-    {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "no-such-session"}},
-    {"jsonrpc": "2.0", "id": 1, "method": "session/prompt", "params": {}},
-    {"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": {"sessionId": "nope", "prompt": 5}},
-    {"jsonrpc": "2.0", "id": 3, "method": "session/new", "params": {"cwd": 5}},
-    {"jsonrpc": "2.0", "id": 4, "method": "session/set_mode", "params": {"sessionId": "s1"}},
-    {"jsonrpc": "2.0", "method": "session/update", "params": {}},
-    {"jsonrpc": "2.0", "id": 5, "method": "fs/read_text_file", "params": {}},
-    {"jsonrpc": "2.0", "id": 6, "result": {}},
-    {"jsonrpc": "2.0", "id": 7, "error": {"code": "x"}},
-    {"jsonrpc": "2.0", "id": 8, "method": "initialize", "params": {"protocolVersion": "x"}},
-    {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {}},
-    {"jsonrpc": "2.0", "method": "_proxy/successor", "params": 5},
-    {"jsonrpc": "2.0", "method": "no/such/method", "params": {"x": 1}},
-    {"jsonrpc": "2.0", "id": 9, "method": "no/such/method"},
-    {"jsonrpc": "1.0", "id": 10, "method": "session/new"},
-    {"jsonrpc": "2.0", "method": 5},
-    [],
-    [1, "x"],
-    [{"jsonrpc": "2.0", "method": "session/cancel"}, {"jsonrpc": "2.0", "id": 11, "method": "session/prompt"}],
-    "not json {",
-]
-REPEAT = 5  # each shape this many times: a line per message at most, not a traceback each
+REPEAT = 5  # each message this many times: a line per message at most, not a traceback each
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +39,11 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def text(shape: Any) -> str:
-    return shape if isinstance(shape, str) else json.dumps(shape)
-
-
-def new_lines(server: DaphneServer, start: int) -> list[str]:
-    return [line for line in server.log[start:] if line.strip()]
+async def lines_until_ended(server: DaphneServer, start: int, connection_id: str) -> list[str]:
+    """The log lines from `start` up to the audit line of the connection's end (excluded)."""
+    ended = await wait_for_line(server, rf"connection ended .*connection={re.escape(connection_id)} ")
+    lines = server.log[start:]
+    return [line for line in lines[: lines.index(ended)] if line.strip()]
 
 
 def assert_quiet(lines: list[str], messages: int) -> None:
@@ -79,7 +56,7 @@ async def probe(ws: ClientConnection) -> list[Any]:
     """Everything the socket sends until the answer to a new request: every earlier message
     has been handled by then (a socket's messages reach the agent in order)."""
     await ws.send(json.dumps(rpc("probe", "session/new", {"cwd": "/tmp", "mcpServers": []})))
-    received = []
+    received: list[Any] = []
     while True:
         message = json.loads(await ws.recv())
         if isinstance(message, dict) and message.get("id") == "probe" and "method" not in message:
@@ -88,26 +65,26 @@ async def probe(ws: ClientConnection) -> list[Any]:
 
 
 async def test_over_websocket(server: DaphneServer) -> None:
-    async with connect(server.ws_url, proxy=None) as ws:
+    messages = malformed.over_websocket()
+    async with connect(server.ws_url, proxy=None, max_size=None) as ws:
+        assert ws.response is not None
+        connection_id = ws.response.headers[protocol.CONNECTION_HEADER]
         await ws.send(json.dumps(rpc(0, "initialize", {"protocolVersion": 1})))
         assert json.loads(await ws.recv())["id"] == 0
         await probe(ws)
         start = len(server.log)
         for _ in range(REPEAT):
-            for shape in SHAPES:
-                await ws.send(text(shape))
+            for message in messages:
+                await ws.send(message)
         answers = await probe(ws)
-    lines = new_lines(server, start)
-    assert_quiet(lines, REPEAT * len(SHAPES))
+    lines = await lines_until_ended(server, start, connection_id)
+    assert_quiet(lines, REPEAT * len(messages))
     flat = [entry for answer in answers for entry in (answer if isinstance(answer, list) else [answer])]
     refusals = [answer for answer in flat if isinstance(answer, dict) and "error" in answer]
-    required = [
-        refusal for refusal in refusals if refusal["error"]["message"] == protocol.SESSION_PARAM_REQUIRED
-    ]
+    required = [refusal for refusal in refusals if refusal["error"]["message"] == protocol.SESSION_PARAM_REQUIRED]
     # session/cancel with no params, a number or an array for its session; session/prompt {};
     # and the batch (one error for its one request): refused here, as HTTP refuses them with 400.
-    assert [refusal["id"] for refusal in required[:5]] == [None, None, None, 1, 11]
-    assert len(required) == 5 * REPEAT
+    assert [refusal["id"] for refusal in required] == malformed.SESSION_REFUSALS * REPEAT
     assert all(refusal["error"]["code"] == -32602 for refusal in required)
 
 
@@ -116,10 +93,11 @@ async def test_over_http(server: DaphneServer, http: httpx.AsyncClient) -> None:
     start = len(server.log)
     statuses = []
     for _ in range(REPEAT):
-        for shape in SHAPES:
-            response = await post(http, server.url, text(shape), connection_id)
+        for body in malformed.ALL:
+            response = await post(http, server.url, body, connection_id)
             statuses.append(response.status_code)
-    await http.delete(server.url, headers={"Acp-Connection-Id": connection_id})
+    await http.delete(server.url, headers={protocol.CONNECTION_HEADER: connection_id})
     assert set(statuses) <= {200, 202, 400, 429}, statuses  # 200: an initialize opens a connection
-    lines = [line for line in new_lines(server, start) if "acp_channels.audit" not in line]
-    assert_quiet(lines, REPEAT * len(SHAPES))
+    # 400: a session method without its session (no Acp-Session-Id), and a body not UTF-8.
+    assert statuses.count(400) == (len(malformed.SESSION_REFUSALS) + len(malformed.NOT_UTF8)) * REPEAT
+    assert_quiet(await lines_until_ended(server, start, connection_id), REPEAT * len(malformed.ALL))
