@@ -166,10 +166,13 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return
         try:
             connection = open_connection("websocket", principal, context.remote_address)
-        except ShuttingDown:
+        except ShuttingDown as refused:
+            logger.info("refused a WebSocket from %s: %s", context.remote_address or "-", refused)
             await self.close()  # before accept: 403
             return
-        except (ServerFull, QuotaExceeded):  # MAX_CONNECTIONS, the output budget, the principal's quota
+        except (ServerFull, QuotaExceeded) as refused:  # MAX_CONNECTIONS, the output budget, the principal's quota
+            # One INFO line, as django.request logs the same refusal over HTTP (acp_channels.logs).
+            logger.info("refused a WebSocket from %s: %s (closed with 1013)", context.remote_address or "-", refused)
             await self.accept(subprotocol)
             await self.close(code=TRY_AGAIN_LATER)
             return

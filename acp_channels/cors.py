@@ -26,10 +26,13 @@ from django.urls import Resolver404, resolve
 from django.utils.cache import patch_vary_headers
 
 from acp_channels.conf import acp_settings
+from acp_channels.logs import RateLimited, logged_already
 
 logger = logging.getLogger(__name__)
-#: Where Django logs a disallowed Host; sites filter or alert on it.
+#: Where Django logs a disallowed Host; sites filter or alert on it. Any client can send one per
+#: request: one WARNING a minute, the repeats at INFO (acp_channels.logs).
 disallowed_host_logger = logging.getLogger("django.security.DisallowedHost")
+disallowed_hosts = RateLimited(disallowed_host_logger)
 
 #: Response headers a browser client must be able to read.
 ACP_EXPOSE_HEADERS: Final = ("acp-connection-id", "acp-session-id")
@@ -68,12 +71,14 @@ def refusal(request: HttpRequest, *, reaches_agent: bool = True) -> Refusal | No
     try:
         host = request.get_host()  # validates against ALLOWED_HOSTS
     except DisallowedHost as error:
-        disallowed_host_logger.warning("%s", error)
+        disallowed_hosts.warning("host", "%s", error)
+        logged_already(request)  # one line per refused request: not Django's too
         return Refusal(400, HOST_NOT_ALLOWED)
     origin = request.META.get("HTTP_ORIGIN")  # META: request.headers would be built for this alone
     if origin is None or not reaches_agent or origin_allowed(origin, host, secure=request.is_secure()):
         return None
     logger.info("refused a request from origin %r (not %s's own, not in CORS_ALLOWED_ORIGINS)", origin, host)
+    logged_already(request)
     return Refusal(403, ORIGIN_NOT_ALLOWED)
 
 
