@@ -26,7 +26,6 @@ from acp_channels.conf import acp_settings
 from acp_channels.errors import (
     AgentEnded,
     EndReason,
-    SessionHeaderError,
     StreamBusy,
     TooManyRequests,
     TooManyStreams,
@@ -35,9 +34,9 @@ from acp_channels.handoff import LazyEvent
 from acp_channels.host.budget import OutboundBudget, WorkerBudget
 from acp_channels.host.mailbox import Mailbox, SocketOutbox, StreamLease
 from acp_channels.host.oversize import OversizeRefusals, largest_agent_message
-from acp_channels.host.requests import PendingRequests, session_refusal_reply, too_many_requests_reply
+from acp_channels.host.requests import PendingRequests, too_many_requests_reply
 from acp_channels.host.resume import advertise_resume
-from acp_channels.host.socket import GracePeriod, SocketInbox
+from acp_channels.host.socket import GracePeriod, SocketInbox, socket_frame_refusal
 from acp_channels.identity import ANONYMOUS, Principal, TransportKind
 from acp_channels.protocol import Frame, InboundPlan, StreamKey
 
@@ -272,17 +271,11 @@ class ConnectionHost:
     async def _deliver_from_socket(self, text: str) -> None:
         try:
             frame = await protocol.read_frame(text, lambda: acp_settings.MAX_BATCH_ENTRIES)
-            # What HTTP checks before a message reaches the agent (§4.3): a session method
-            # names its session. There a POST is refused with 400; here the client gets errors.
-            await protocol.plan_inbound_in_slices(frame, None)
         except protocol.BatchTooLarge as refused:
             self.reply_from_transport(protocol.dumps(refused.reply))
             return
-        except SessionHeaderError:
-            without_session = SessionHeaderError(protocol.SESSION_PARAM_REQUIRED)  # a socket has no session header
-            logger.info("connection %s: refused a WebSocket message: %s", self.connection_id, without_session)
-            reply = session_refusal_reply(frame, without_session)
-            self.reply_from_transport(protocol.dumps(protocol.frame_value(reply)))
+        if (refusal := await socket_frame_refusal(frame, self.connection_id)) is not None:
+            self.reply_from_transport(protocol.dumps(protocol.frame_value(refusal)))
             return
         await self.submit(InboundPlan(frame, [], []))
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from acp_channels import protocol
 from acp_channels.conf import acp_settings
-from acp_channels.errors import SessionHeaderError, TooManyRequests
+from acp_channels.errors import TooManyRequests
 from acp_channels.host.budget import WorkerBudget
 from acp_channels.protocol import Batch, Frame, Single, StreamKey
 
@@ -135,15 +135,3 @@ def too_many_requests_reply(frame: Frame, ids: list[Any], refusal: TooManyReques
     a batch for a batch."""
     errors = [refusal.rpc_error(request_id) for request_id in ids]
     return Batch(list[protocol.BatchEntry](errors)) if isinstance(frame, Batch) else Single(errors[0])
-
-
-def session_refusal_reply(frame: Frame, refused: SessionHeaderError) -> Frame:
-    """What a WebSocket frame HTTP would have refused with 400 gets instead (nothing of it
-    reaches the agent): an error per request, one with `id: null` when it has none."""
-    ids = [
-        message["id"]
-        for message in protocol.frame_messages(frame)
-        if "method" in message and message.get("id") is not None
-    ]
-    errors = [refused.rpc_error(request_id) for request_id in ids] or [refused.rpc_error(None)]
-    return Batch(list[protocol.BatchEntry](errors)) if isinstance(frame, Batch) and ids else Single(errors[0])

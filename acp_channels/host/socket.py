@@ -13,6 +13,10 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from acp_channels import protocol
+from acp_channels.errors import SessionHeaderError
+from acp_channels.protocol import Batch, Frame, Single
+
 logger = logging.getLogger("acp_channels.host")
 
 
@@ -73,3 +77,21 @@ class GracePeriod:
     def _log_failed_end(self, ending: asyncio.Task[None]) -> None:
         if not ending.cancelled() and (error := ending.exception()) is not None:
             logger.error("ending connection %s failed", self._connection_id, exc_info=error)
+
+
+async def socket_frame_refusal(frame: Frame, connection_id: str) -> Frame | None:
+    """What HTTP checks before a message reaches the agent (§4.3 of docs/wire-contract.md): a
+    session method names its session. A POST that does not is refused with 400; a socket's
+    frame gets what this returns instead (None: it may go to the agent), and nothing of it
+    reaches the agent: an error per request, one with `id: null` when it has none."""
+    try:
+        await protocol.plan_inbound_in_slices(frame, None)
+    except SessionHeaderError:
+        refused = SessionHeaderError(protocol.SESSION_PARAM_REQUIRED)  # a socket has no session header
+    else:
+        return None
+    logger.info("connection %s: refused a WebSocket message: %s", connection_id, refused)
+    messages = protocol.frame_messages(frame)
+    ids = [message["id"] for message in messages if "method" in message and message.get("id") is not None]
+    errors = [refused.rpc_error(request_id) for request_id in ids] or [refused.rpc_error(None)]
+    return Batch(list[protocol.BatchEntry](errors)) if isinstance(frame, Batch) and ids else Single(errors[0])
