@@ -17,6 +17,7 @@ from django.views.decorators.csrf import csrf_exempt
 from acp_channels import cors, metrics, protocol
 from acp_channels.auth import Refused, RequestContext, authenticate
 from acp_channels.conf import acp_settings
+from acp_channels.errors import AcpError
 from acp_channels.gateway import (
     AgentBusy,
     AgentClosed,
@@ -57,29 +58,8 @@ CONTENT_TYPE_REQUIRED = "Content-Type must be application/json"
 BODY_TOO_LARGE = "POST body too large"
 CONNECTION_REQUIRED = "Acp-Connection-Id header required"
 MUST_ACCEPT_SSE = "client must accept text/event-stream"
-STREAM_TAKEN = "outbound stream already has a subscriber"
-TOO_MANY_CONNECTIONS = "too many ACP connections on this server"
-TOO_MANY_CONNECTIONS_FOR_PRINCIPAL = "too many ACP connections for you on this server (at most {limit}); close one"
-WORKER_BUDGET_FULL = "this server is holding too much undelivered output; try again"
-TOO_MANY_SESSION_STREAMS = "too many session streams on this connection (at most {limit}); close one and try again"
-TOO_MANY_PENDING_REQUESTS = "too many requests in flight on this connection (at most {limit}); wait for replies"
-TOO_MANY_PENDING_BYTES = (
-    "the requests in flight on this connection (or this worker) hold too many bytes (at most {limit}); wait for replies"
-)
-#: Retry-After seconds: connections live long, undelivered output drains as readers read, and a
-#: connection's own streams and requests free up as soon as it closes or gets replies.
-RETRY_AFTER_CONNECTIONS = 10
-RETRY_AFTER_BUDGET = 2
-RETRY_AFTER_CONNECTION_CAP = 1
-SHUTTING_DOWN = "this server is shutting down; connect again"
-LAYER_UNAVAILABLE = "the channel layer is unavailable; try again"
-AGENT_BUSY = "the agent did not take the message in time; try again"
-WORKER_BUSY = "the connection's worker is overloaded and did not take the request; try again"
-#: A live worker too busy to take a call (it expired unserved there), the layer failing a send,
-#: or a draining worker: nothing was done, so the client may send the same request again
-#: (HttpClient does, after this many seconds).
-RETRY_AFTER_BUSY = 1
-AGENT_NOT_STARTED = "the agent could not be started (see the server log)"
+# Refusals of a connection, its streams and requests: their statuses, texts and Retry-After
+# come from the error tree (acp_channels/errors.py), through error_response.
 
 
 @csrf_exempt
@@ -102,7 +82,7 @@ async def dispatch(request: HttpRequest) -> HttpResponseBase:
     try:
         principal = await authenticate(RequestContext.for_http(request))
     except Refused as refused:
-        return refusal_response(refused)
+        return error_response(refused)
     if request.method == "POST":
         return await post(request, principal)
     if request.method == "DELETE":
@@ -110,11 +90,14 @@ async def dispatch(request: HttpRequest) -> HttpResponseBase:
     return await open_stream(request, principal)
 
 
-def refusal_response(refused: Refused) -> HttpResponse:
-    """401 with its challenge, or 403; the body is the refusal's reason (never a credential)."""
-    response = text_response(refused.status, refused.reason)
-    if refused.status == 401 and refused.challenge is not None:
-        response["WWW-Authenticate"] = refused.challenge
+def error_response(error: AcpError) -> HttpResponse:
+    """How every error is answered over HTTP, from the one tree (acp_channels/errors.py): its
+    status and text, Retry-After where it has one, and a 401's challenge."""
+    response = text_response(error.status, error.text)
+    if error.retry_after is not None:
+        response["Retry-After"] = str(error.retry_after)
+    if isinstance(error, Refused) and error.status == 401 and error.challenge is not None:
+        response["WWW-Authenticate"] = error.challenge
     return response
 
 
@@ -202,15 +185,10 @@ async def post(request: HttpRequest, principal: Principal) -> HttpResponseBase:
     try:
         plan = await protocol.plan_inbound_in_slices(frame, header(request, SESSION_HEADER))
         await handle.submit(plan)
-    except SessionHeaderError as error:
-        return text_response(400, str(error))
-    except TooManyRequests as error:
-        text = TOO_MANY_PENDING_BYTES if error.unit == "bytes" else TOO_MANY_PENDING_REQUESTS
-        return retry_later(429, text.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
+    except (SessionHeaderError, TooManyRequests, AgentClosed) as error:
+        return error_response(error)
     except REACHING_THE_HOST as error:
         return host_unavailable(error)
-    except AgentClosed:
-        return text_response(500)
     return text_response(202)
 
 
@@ -230,8 +208,8 @@ async def refuse_batch(
         await handle.reply_from_transport(reply)
     except REACHING_THE_HOST as error:
         return host_unavailable(error)
-    except AgentClosed:
-        return text_response(500)
+    except AgentClosed as error:
+        return error_response(error)
     return text_response(202)
 
 
@@ -241,32 +219,21 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int, princi
         try:
             plan = await protocol.plan_inbound_in_slices(frame, header(request, SESSION_HEADER), skip_index=init_index)
         except SessionHeaderError as error:
-            return text_response(400, str(error))
+            return error_response(error)
         frame = plan.frame
     init_id = protocol.frame_messages(frame)[_message_index(frame, init_index)]["id"]
 
     try:
         connection = open_connection("http", principal, RequestContext.for_http(request).remote_address)
-    except ShuttingDown:  # another worker will take it
-        return retry_later(503, SHUTTING_DOWN, RETRY_AFTER_BUSY)
-    except QuotaExceeded as error:
-        return retry_later(429, TOO_MANY_CONNECTIONS_FOR_PRINCIPAL.format(limit=error.limit), RETRY_AFTER_CONNECTIONS)
-    except ServerFull as error:
-        if error.reason == "connections":
-            return retry_later(503, TOO_MANY_CONNECTIONS, RETRY_AFTER_CONNECTIONS)
-        return retry_later(503, WORKER_BUDGET_FULL, RETRY_AFTER_BUDGET)
-    except AgentNotStarted:
-        return text_response(500, AGENT_NOT_STARTED)
+    except (ShuttingDown, QuotaExceeded, ServerFull, AgentNotStarted) as error:  # ShuttingDown: another worker will
+        return error_response(error)
     timeout: float | None = acp_settings.INITIALIZE_TIMEOUT
     try:
         async with asyncio.timeout(timeout):
             reply = await connection.initialize(frame, init_id)
-    except AgentClosed:
+    except (AgentClosed, AgentEnded) as error:
         await connection.abandon()
-        return text_response(500)
-    except AgentEnded as error:
-        await connection.abandon()
-        return text_response(500, str(error))
+        return error_response(error)
     except TimeoutError:
         await connection.abandon()
         return text_response(504, f"agent did not answer initialize within {timeout:g} s")
@@ -303,12 +270,8 @@ async def open_stream(request: HttpRequest, principal: Principal) -> HttpRespons
     session_id = header(request, SESSION_HEADER)
     try:
         lease = await handle.lease(session_id, header(request, LAST_EVENT_ID_HEADER))
-    except StreamBusy:
-        return text_response(409, STREAM_TAKEN)
-    except ReplayUnavailable as refused:
-        return text_response(409, str(refused))
-    except TooManyStreams as error:
-        return retry_later(429, TOO_MANY_SESSION_STREAMS.format(limit=error.limit), RETRY_AFTER_CONNECTION_CAP)
+    except (StreamBusy, ReplayUnavailable, TooManyStreams) as error:
+        return error_response(error)
     except REACHING_THE_HOST as error:
         return host_unavailable(error)
     if request.method == "HEAD":
@@ -391,19 +354,14 @@ async def delete(request: HttpRequest, principal: Principal) -> HttpResponseBase
 REACHING_THE_HOST = (HostUnreachable, LayerUnavailable, AgentBusy, WorkerFailed)
 
 
-def host_unavailable(error: Exception) -> HttpResponse:
+def host_unavailable(error: AcpError) -> HttpResponse:
     """The host's worker is gone (404: its heartbeat is gone), the layer is down or the live
     worker too busy to take the call (503, try again), or the agent is stuck (503); the host's
     worker failed to handle the call (500, and a log line here too)."""
-    if isinstance(error, HostUnreachable):
-        return text_response(404)
     if isinstance(error, WorkerFailed):
         logger.error("%s", error)
-        return text_response(500, f"the connection's worker failed to handle {error.op}")
-    if isinstance(error, LayerUnavailable):
+    elif isinstance(error, LayerUnavailable):
         logger.warning("channel layer unavailable: %s", error)
-        return retry_later(503, LAYER_UNAVAILABLE, RETRY_AFTER_BUSY)
-    if isinstance(error, WorkerBusy):
+    elif isinstance(error, WorkerBusy):
         logger.warning("%s", error)
-        return retry_later(503, WORKER_BUSY, RETRY_AFTER_BUSY)
-    return text_response(503, AGENT_BUSY)
+    return error_response(error)
