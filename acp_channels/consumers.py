@@ -23,6 +23,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from acp_channels import cors, daphne_compat, metrics, protocol
 from acp_channels.auth import SUBPROTOCOL, Refused, RequestContext, authenticate
 from acp_channels.conf import acp_settings
+from acp_channels.errors import AcpError
 from acp_channels.gateway import (
     AgentBusy,
     AgentClosed,
@@ -71,8 +72,6 @@ LAST_EVENT_ID_NOT_A_COUNT = "Last-Event-ID of a WebSocket is the number of messa
 NOT_A_WEBSOCKET = "Acp-Connection-Id names a connection that has no WebSocket"
 RECEIVED_OPTION_UNKNOWN = f"{protocol.RECEIVED_QUERY} is {protocol.RECEIVED_AS_MESSAGE!r} or absent"
 SHUTTING_DOWN = "this server is shutting down; connect again"
-LAYER_UNAVAILABLE = "the channel layer is unavailable; try again"
-AGENT_BUSY = "the connection's worker did not answer in time; try again"
 #: Close reasons fit a close frame: 125 bytes minus the code.
 MAX_CLOSE_REASON_BYTES: Final = 123
 
@@ -170,15 +169,17 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             logger.info("refused a WebSocket from %s: %s", context.remote_address or "-", refused)
             await self.close()  # before accept: 403
             return
-        except (ServerFull, QuotaExceeded) as refused:  # MAX_CONNECTIONS, the output budget, the principal's quota
-            # One INFO line, as django.request logs the same refusal over HTTP (acp_channels.logs).
-            logger.info("refused a WebSocket from %s: %s (closed with 1013)", context.remote_address or "-", refused)
+        except (ServerFull, QuotaExceeded, AgentNotStarted) as refused:  # the caps (1013), or our fault (1011)
+            if not isinstance(refused, AgentNotStarted):  # logged where it happened, at ERROR
+                # One INFO line, as django.request logs the same refusal over HTTP (acp_channels.logs).
+                logger.info(
+                    "refused a WebSocket from %s: %s (closed with %d)",
+                    context.remote_address or "-",
+                    refused,
+                    refused.close_code,
+                )
             await self.accept(subprotocol)
-            await self.close(code=TRY_AGAIN_LATER)
-            return
-        except AgentNotStarted:
-            await self.accept(subprotocol)
-            await self.close(code=INTERNAL_ERROR)
+            await self.close(code=refused.close_code)
             return
         await self.attach(connection.attach_first_socket(), connection.connection_id, subprotocol, [])
 
@@ -201,25 +202,18 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             if handle is None:  # unknown, or another principal's: the same answer
                 raise HostUnreachable(connection_id)
             socket = await handle.attach_socket(int(last))
-        except ReplayUnavailable as refused:
-            await self.refuse(409, str(refused), subprotocol)
-            return
         except StreamBusy:
             await self.refuse(409, NOT_A_WEBSOCKET, subprotocol)
             return
-        except (HostUnreachable, AgentClosed):  # ended (its grace period is over), or its worker is gone
-            await self.refuse(404, "", subprotocol)
+        except AgentClosed:  # ended (its grace period is over): as unknown
+            await self.refuse_with(HostUnreachable(connection_id), subprotocol)
             return
-        except LayerUnavailable as error:
-            logger.warning("channel layer unavailable: %s", error)
-            await self.refuse(503, LAYER_UNAVAILABLE, subprotocol)
-            return
-        except AgentBusy:
-            await self.refuse(503, AGENT_BUSY, subprotocol)
-            return
-        except WorkerFailed as error:
-            logger.error("connection %s: %s", connection_id, error)
-            await self.refuse(500, f"the connection's worker failed to handle {error.op}", subprotocol)
+        except (ReplayUnavailable, HostUnreachable, LayerUnavailable, AgentBusy, WorkerFailed) as error:
+            if isinstance(error, WorkerFailed):
+                logger.error("connection %s: %s", connection_id, error)
+            elif isinstance(error, LayerUnavailable):
+                logger.warning("channel layer unavailable: %s", error)
+            await self.refuse_with(error, subprotocol)
             return
         logger.info(
             "connection %s: socket reattached after message %s (client messages received: %d)",
@@ -255,6 +249,10 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             except OSError:
                 return
         self.writer = asyncio.create_task(self.write_outbound(socket, connection_id))
+
+    async def refuse_with(self, error: AcpError, subprotocol: str | None = None) -> None:
+        """Refuse an upgrade as the error tree says (acp_channels/errors.py): its status and text."""
+        await self.refuse(error.status, error.text, subprotocol)
 
     async def refuse(self, status: int, text: str, subprotocol: str | None = None) -> None:
         """Answer the upgrade with an HTTP status and a text/plain body; where the server cannot
