@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import pytest
@@ -58,12 +58,6 @@ def server() -> Iterator[DaphneServer]:
     started = DaphneServer(env=ENV).start()
     yield started
     started.stop()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=httpx.Timeout(20.0)) as client:
-        yield client
 
 
 def prompt(request_id: int, session_id: str, text: str) -> dict[str, object]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -31,12 +31,6 @@ def server() -> Iterator[DaphneServer]:
     started = DaphneServer(env={}).start()
     yield started
     started.stop()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=httpx.Timeout(20.0)) as client:
-        yield client
 
 
 async def lines_until_ended(server: DaphneServer, start: int, connection_id: str) -> list[str]:
