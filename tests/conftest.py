@@ -14,11 +14,44 @@ from tests.cluster import Cluster, RedisServer
 from tests.live import ROOT, DaphneServer
 from tests.peers.fakes import FakeAcp
 
+#: A module that names one of these starts real server processes: its tests are `live`.
+LIVE_NAMES = ("DaphneServer", "UvicornServer", "HypercornServer", "Cluster(", "start_server(")
+#: Fixtures that are real servers.
+LIVE_FIXTURES = frozenset({"demo_server", "wire_server", "claude_server", "caps_server", "redis_server"})
+
 CLAUDE_CODE_ACP = ROOT / "tests" / "agents" / "node_modules" / "@zed-industries" / "claude-code-acp"
 WIRE_ENV = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5"}
 #: Every live test runs against one daphne process, and again through three daphne workers
 #: sharing Redis behind a round-robin balancer (no sticky sessions).
 SHAPES = ["one-worker", "three-workers"]
+
+
+def _module_source(item: pytest.Item, cache: dict[str, str]) -> str:
+    path = str(item.path)
+    if path not in cache:
+        cache[path] = item.path.read_text()
+    return cache[path]
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test `live` (a real server process), `cluster` (several workers on Redis;
+    also `slow`) and `slow` for browsers; then orders the slow ones first, so that under
+    pytest-xdist (`-n`) the longest tests start at once and the short ones fill in after them,
+    instead of one long test starting last and holding up the end of the run."""
+    sources: dict[str, str] = {}
+    for item in items:
+        source = _module_source(item, sources)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        is_cluster = "three-workers" in params.values() or "Cluster(" in source
+        if is_cluster or LIVE_FIXTURES.intersection(item.fixturenames) or any(name in source for name in LIVE_NAMES):
+            item.add_marker(pytest.mark.live)
+        if is_cluster:
+            item.add_marker(pytest.mark.cluster)
+        if is_cluster or item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.slow)
+    # stable: within each rank, the collection order (module fixtures stay together)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("live") is None))
 
 
 @pytest.fixture(scope="session")
