@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import SyncToAsync
 
 from tests.cluster import Cluster, RedisServer
+from tests.dist import Built, Installed, build, install_as_the_readme_says
 from tests.live import ROOT, DaphneServer
 from tests.peers.fakes import FakeAcp
 
@@ -19,6 +20,19 @@ WIRE_ENV = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.
 #: Every live test runs against one daphne process, and again through three daphne workers
 #: sharing Redis behind a round-robin balancer (no sticky sessions).
 SHAPES = ["one-worker", "three-workers"]
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The wheel and the sdist of this checkout, built once per session (tests/dist.py)."""
+    return build(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="session")
+def readme_install(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """A fresh virtual environment where the README's `pip install` line installed the wheel,
+    once per session; its `result` says how that went (the tests using it assert on it)."""
+    return install_as_the_readme_says(built, tmp_path_factory.mktemp("readme-install") / "venv")
 
 
 @pytest.fixture(scope="session")
