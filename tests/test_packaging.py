@@ -1,8 +1,9 @@
 """The package as a user gets it: `python -m build` makes a wheel and an sdist that `twine check`
 passes, setuptools says nothing about the license, the wheel holds only `acp_channels` (typed,
-with its license and the browser module acp-client.js), and the README's install line installs
-it into a fresh virtual environment (no system site packages) where it imports and its commands
-run. The build and the environment are made once per session (tests/dist.py, tests/conftest.py)."""
+with its license and the browser module acp-client.js), the sdist also the README's example
+(examples/), and the README's install line installs it into a fresh virtual environment (no
+system site packages) where it imports and its commands run. The build and the environment are
+made once per session (tests/dist.py, tests/conftest.py), shared with tests/test_example_project.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import tarfile
 import zipfile
 
 from tests.dist import VERSION, Built, Installed
+from tests.live import ROOT
 
 
 def test_build_makes_a_wheel_and_an_sdist_without_license_warnings(built: Built) -> None:
@@ -52,11 +54,16 @@ def test_wheel_holds_only_the_package_typed_and_licensed(built: Built) -> None:
     assert any(line.startswith("h2") for line in http2), http2
 
 
-def test_sdist_holds_the_package_license_and_changelog_but_no_demo_or_tests(built: Built) -> None:
+def test_sdist_holds_the_package_license_changelog_and_example_but_no_demo_or_tests(built: Built) -> None:
+    """The example the README shows comes along (the README links to it); the wheel never has it."""
     with tarfile.open(built.sdist) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "acp_channels/__init__.py"} <= names
     assert "acp_channels/static/acp_channels/acp-client.js" in names
+    files = (ROOT / "examples").rglob("*")
+    example = {p.relative_to(ROOT).as_posix() for p in files if p.is_file() and "__pycache__" not in p.parts}
+    assert example and example <= names
+    assert not any(name.endswith((".pyc", ".pyo")) for name in names)
     assert not any(name.startswith(("demo_project", "tests/", "bench/")) for name in names)
 
 
