@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,9 @@ ROOT_URLCONF = "demo_project.urls"
 ASGI_APPLICATION = "demo_project.asgi.application"
 DATABASES: dict[str, dict[str, str]] = {}
 USE_TZ = True
+# Django sets the process's time zone (TZ) from this, America/Chicago when unset: daphne's own log
+# lines and its access log follow it. UTC, whatever the machine's zone.
+TIME_ZONE = "UTC"
 
 # One process: the in-memory layer. Several workers: REDIS_URL=redis://host:6379/0 (see
 # docs/several-workers.md): capacity and expiry sized for ACP traffic between workers.
@@ -142,12 +147,21 @@ CORS_EXPOSE_HEADERS = [*ACP_EXPOSE_HEADERS]
 CORS_ALLOW_HEADERS = cors_allow_headers(default_headers)
 CORS_ALLOW_METHODS = ACP_ALLOW_METHODS
 
+
+class UtcFormatter(logging.Formatter):
+    """Timestamps in UTC, ISO 8601 with a Z (2026-12-04T05:07:30.906Z), whatever TZ says."""
+
+    converter = staticmethod(time.gmtime)
+    default_time_format = "%Y-%m-%dT%H:%M:%S"
+    default_msec_format = "%s.%03dZ"
+
+
 # acp_channels logs through its own handler, whatever the server does with the root logger
 # (daphne configures one, uvicorn does not); not propagated, so each line is printed once.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)-8s %(name)s %(message)s"}},
+    "formatters": {"plain": {"()": UtcFormatter, "fmt": "%(asctime)s %(levelname)-8s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "acp_channels": {

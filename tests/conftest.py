@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import SyncToAsync
 
 from tests.cluster import Cluster, RedisServer
+from tests.dist import Built, Installed, build, install_as_the_readme_says
 from tests.live import ROOT, DaphneServer
 from tests.peers.fakes import FakeAcp
 
@@ -52,6 +53,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
     # stable: within each rank, the collection order (module fixtures stay together)
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("live") is None))
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The wheel and the sdist of this checkout, built once per session (tests/dist.py)."""
+    return build(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="session")
+def readme_install(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """A fresh virtual environment where the README's `pip install` line installed the wheel,
+    once per session; its `result` says how that went (the tests using it assert on it)."""
+    return install_as_the_readme_says(built, tmp_path_factory.mktemp("readme-install") / "venv")
 
 
 @pytest.fixture(scope="session")

@@ -1,59 +1,21 @@
 """The package as a user gets it: `python -m build` makes a wheel and an sdist that `twine check`
 passes, setuptools says nothing about the license, the wheel holds only `acp_channels` (typed,
-with its license and the browser module acp-client.js), and the README's install line installs
-it into a fresh virtual environment (no system site packages) where it imports and its commands
-run."""
+with its license and the browser module acp-client.js), the sdist also the README's example
+(examples/), and the README's install line installs it into a fresh virtual environment (no
+system site packages) where it imports and its commands run. The build and the environment are
+made once per session (tests/dist.py, tests/conftest.py), shared with tests/test_example_project.py."""
 
 from __future__ import annotations
 
 import email.parser
 import re
-import shlex
 import subprocess
 import sys
 import tarfile
-import venv
 import zipfile
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-import acp_channels
+from tests.dist import VERSION, Built, Installed
 from tests.live import ROOT
-
-VERSION = acp_channels.__version__
-WHEEL = f"acp_channels-{VERSION}-py3-none-any.whl"
-SDIST = f"acp_channels-{VERSION}.tar.gz"
-
-
-class Built:
-    def __init__(self, dist: Path, log: str) -> None:
-        self.dist = dist
-        self.log = log
-        self.wheel = dist / WHEEL
-        self.sdist = dist / SDIST
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
-    dist = tmp_path_factory.mktemp("dist")
-    result = subprocess.run(
-        [sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    yield Built(dist, result.stdout + result.stderr)
-
-
-def readme_install_line() -> list[str]:
-    """The `pip install ...` line of the README's "Add it to your project" section, as argv."""
-    section = (ROOT / "README.md").read_text().split("## Add it to your project", 1)[1].split("\n## ", 1)[0]
-    lines = [line.split("#", 1)[0].strip() for line in section.splitlines() if line.startswith("pip install ")]
-    assert len(lines) == 1, lines
-    return shlex.split(lines[0])
 
 
 def test_build_makes_a_wheel_and_an_sdist_without_license_warnings(built: Built) -> None:
@@ -92,36 +54,34 @@ def test_wheel_holds_only_the_package_typed_and_licensed(built: Built) -> None:
     assert any(line.startswith("h2") for line in http2), http2
 
 
-def test_sdist_holds_the_package_license_and_changelog_but_no_demo_or_tests(built: Built) -> None:
+def test_sdist_holds_the_package_license_changelog_and_example_but_no_demo_or_tests(built: Built) -> None:
+    """The example the README shows comes along (the README links to it); the wheel never has it."""
     with tarfile.open(built.sdist) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "acp_channels/__init__.py"} <= names
     assert "acp_channels/static/acp_channels/acp-client.js" in names
+    files = (ROOT / "examples").rglob("*")
+    example = {p.relative_to(ROOT).as_posix() for p in files if p.is_file() and "__pycache__" not in p.parts}
+    assert example and example <= names
+    assert not any(name.endswith((".pyc", ".pyo")) for name in names)
     assert not any(name.startswith(("demo_project", "tests/", "bench/")) for name in names)
 
 
-def test_readme_install_line_installs_the_wheel_into_a_fresh_venv(built: Built, tmp_path: Path) -> None:
-    environment = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(environment)
-    python = environment / "bin" / "python"
-    argv = readme_install_line()
-    assert argv[:2] == ["pip", "install"] and "--find-links" in argv
-    argv[argv.index("--find-links") + 1] = str(built.dist)  # `dist` of the README: where build wrote
-    installed = subprocess.run(
-        [str(python), "-m", *argv, "--quiet"], capture_output=True, text=True, timeout=600, cwd=tmp_path
-    )
+def test_readme_install_line_installs_the_wheel_into_a_fresh_venv(readme_install: Installed) -> None:
+    installed = readme_install.result
     assert installed.returncode == 0, installed.stdout + installed.stderr
+    python, cwd = readme_install.python, readme_install.environment.parent
     probe = (  # the [redis] extra came along
         "import acp_channels, channels_redis, importlib.metadata as m; "
         "print(acp_channels.__version__, m.version('acp-channels'), acp_channels.__file__)"
     )
-    result = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    result = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60, cwd=cwd)
     assert result.returncode == 0, result.stderr
     version, metadata_version, location = result.stdout.split()
     assert version == metadata_version == VERSION
-    assert location.startswith(str(environment))  # the wheel's copy, not this checkout
+    assert location.startswith(str(readme_install.environment))  # the wheel's copy, not this checkout
     for command in ("acp-client", "acp-bridge"):
         helped = subprocess.run(
-            [str(environment / "bin" / command), "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+            [str(readme_install.bin / command), "--help"], capture_output=True, text=True, timeout=60, cwd=cwd
         )
         assert helped.returncode == 0 and "usage" in helped.stdout.lower(), helped.stdout + helped.stderr

@@ -13,7 +13,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_clean() -> None:
-    result = run("ruff", "check", "acp_channels", "demo_project", "tests")
+    result = run("ruff", "check", "acp_channels", "demo_project", "tests", "examples")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
