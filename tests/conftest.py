@@ -11,7 +11,7 @@ import pytest
 from asgiref.sync import SyncToAsync
 
 from tests.cluster import Cluster, RedisServer
-from tests.dist import Built, Installed, build, install_as_the_readme_says
+from tests.dist import Built, Installed, cached_build, cached_readme_install
 from tests.live import ROOT, DaphneServer
 from tests.peers.fakes import FakeAcp
 
@@ -56,16 +56,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """The wheel and the sdist of this checkout, built once per session (tests/dist.py)."""
-    return build(tmp_path_factory.mktemp("dist"))
+def built() -> Built:
+    """The wheel and the sdist of this checkout, built once for its contents (tests/dist.py)."""
+    return cached_build()
 
 
 @pytest.fixture(scope="session")
-def readme_install(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+def readme_install(built: Built) -> Installed:
     """A fresh virtual environment where the README's `pip install` line installed the wheel,
-    once per session; its `result` says how that went (the tests using it assert on it)."""
-    return install_as_the_readme_says(built, tmp_path_factory.mktemp("readme-install") / "venv")
+    once for these contents (tests/dist.py); its `result` says how that went (the tests using
+    it assert on it)."""
+    return cached_readme_install(built)
 
 
 @pytest.fixture(scope="session")

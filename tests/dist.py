@@ -1,14 +1,25 @@
 """The package as a user gets it: the wheel and sdist that `python -m build` makes of this
 checkout, and a fresh virtual environment (no system site packages) into which the README's own
-`pip install` line installed the wheel. tests/conftest.py makes both once per session
-(`built`, `readme_install`), for tests/test_packaging.py and tests/test_example_project.py."""
+`pip install` line installed the wheel. tests/conftest.py makes both once per run (`built`,
+`readme_install`), for tests/test_packaging.py and tests/test_example_project.py.
+
+Both are kept under CACHE, named by a digest of what goes into the wheel and of the README's
+install line: every xdist worker of a run uses the first one's (a file lock), and a later run
+whose inputs did not change uses them again (./dev.sh test on a fresh clone builds them once)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import json
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import venv
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +29,10 @@ from tests.live import ROOT
 VERSION = acp_channels.__version__
 WHEEL = f"acp_channels-{VERSION}-py3-none-any.whl"
 SDIST = f"acp_channels-{VERSION}.tar.gz"
+#: Beside the virtual environment ./dev.sh makes (never committed); elsewhere a temporary folder.
+CACHE = (ROOT / ".venv" / "test-cache") if (ROOT / ".venv").is_dir() else Path(tempfile.gettempdir()) / "acp-test-cache"
+#: What the wheel and the sdist are made of (examples/ is in the sdist).
+BUILD_INPUTS = ("acp_channels", "examples", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "CHANGELOG.md")
 
 
 @dataclass
@@ -49,6 +64,58 @@ class Installed:
     @property
     def python(self) -> Path:
         return self.bin / "python"
+
+
+def inputs_digest() -> str:
+    digest = hashlib.sha256()
+    for name in BUILD_INPUTS:
+        top = ROOT / name
+        for path in sorted([top] if top.is_file() else top.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def cached(name: str) -> Iterator[tuple[Path, bool]]:
+    """CACHE/`name`-<digest> and whether it is complete, under a lock held while the caller
+    fills it (it then writes `done` in it); an incomplete one is emptied first."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    place = CACHE / f"{name}-{inputs_digest()}"
+    with open(CACHE / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = (place / "done").exists()
+        if not done:
+            shutil.rmtree(place, ignore_errors=True)
+            place.mkdir()
+        yield place, done
+
+
+def cached_build() -> Built:
+    """`build` once for these inputs (see CACHE)."""
+    with cached("dist") as (dist, done):
+        if not done:
+            built = build(dist)
+            (dist / "build.log").write_text(built.log)
+            (dist / "done").touch()
+    return Built(dist, (dist / "build.log").read_text())
+
+
+def cached_readme_install(built: Built) -> Installed:
+    """`install_as_the_readme_says` once for these inputs (see CACHE), into a folder of its own."""
+    with cached("readme-install") as (folder, done):
+        environment = folder / "venv"
+        if not done:
+            installed = install_as_the_readme_says(built, environment)
+            record = {"argv": installed.argv, "returncode": installed.result.returncode,
+                      "stdout": installed.result.stdout, "stderr": installed.result.stderr}  # fmt: skip
+            (folder / "install.json").write_text(json.dumps(record))
+            if installed.result.returncode == 0:
+                (folder / "done").touch()
+            return installed
+    record = json.loads((folder / "install.json").read_text())
+    result = subprocess.CompletedProcess(record["argv"], record["returncode"], record["stdout"], record["stderr"])
+    return Installed(environment, record["argv"], result)
 
 
 def build(dist: Path) -> Built:
@@ -83,7 +150,7 @@ def install_as_the_readme_says(built: Built, environment: Path) -> Installed:
     assert argv[:2] == ["pip", "install"] and "--find-links" in argv
     argv[argv.index("--find-links") + 1] = str(built.dist)
     result = subprocess.run(
-        [str(environment / "bin" / "python"), "-m", *argv, "--quiet"],
+        [str(environment / "bin" / "python"), "-m", *argv, "--quiet", "--no-compile"],
         capture_output=True,
         text=True,
         timeout=600,
