@@ -23,21 +23,19 @@ a small buffer, so when the host stops asking (its readers are slow), the pipe f
 blocks on its own writes. Memory per agent stays bounded by about `max_line_bytes`.
 
 The parts: `setting` (the AGENT setting's command form, checked and configured per connection,
-and the agent's environment) and `channel` (the process, its pipes, and the frames).
+and the agent's environment), `pipes` (the bytes on stdin, stdout and stderr) and `channel` (the
+process, and the frames).
 """
 
 from __future__ import annotations
 
 from acp_channels.agents.stdio.channel import (
     DEFAULT_SHUTDOWN_GRACE,
-    LINE_HEADROOM,
-    READ_CHUNK,
-    STDERR_LINE_MAX,
-    STDERR_LINES_PER_SECOND,
     StdioAgentChannel,
     describe_status,
     stop_all_at_exit,
 )
+from acp_channels.agents.stdio.pipes import LINE_HEADROOM, READ_CHUNK, STDERR_LINE_MAX, STDERR_LINES_PER_SECOND
 from acp_channels.agents.stdio.setting import (
     CONFIGURE_KEYS,
     CONNECTION_ENV,

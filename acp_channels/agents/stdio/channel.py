@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from acp_channels import protocol
 from acp_channels.agents.channel import AgentClosed, FrameSink, RoomWaiter
+from acp_channels.agents.stdio.pipes import LINE_HEADROOM, READ_CHUNK, StderrLog, read_line, stdin_line
 from acp_channels.agents.stdio.setting import CONNECTION_ENV, agent_environment, configured_setting
 from acp_channels.identity import AgentContext
 from acp_channels.protocol import Frame, Malformed, Single
@@ -32,12 +33,6 @@ from acp_channels.protocol import Frame, Malformed, Single
 logger = logging.getLogger("acp_channels.agent")
 
 DEFAULT_SHUTDOWN_GRACE: Final = 2.0
-#: Agent output lines may exceed the body limit by this much (the JSON-RPC envelope of a reply).
-LINE_HEADROOM: Final = protocol.MESSAGE_HEADROOM
-#: stdout/stderr are read in chunks of up to this size; a paused reader holds at most twice it.
-READ_CHUNK: Final = 256 * 1024
-STDERR_LINE_MAX: Final = 4096  # characters of one stderr line that reach the log
-STDERR_LINES_PER_SECOND: Final = 200  # beyond this, stderr lines are counted, not logged
 
 
 class StdioAgentChannel:
@@ -75,7 +70,7 @@ class StdioAgentChannel:
         self._finished = False  # receive() has returned None
         self._reported = False  # the agent's end was reported: nothing more is answered
         self._group_cleared = False
-        self._stderr = _StderrLog(self)
+        self._stderr = StderrLog(connection_id)
         environment = {**(os.environ if env is None else env), CONNECTION_ENV: connection_id}
         self._task = _keep(asyncio.get_running_loop().create_task(self._run(cwd, environment)))
 
@@ -107,7 +102,7 @@ class StdioAgentChannel:
         process = self._process
         if self._closing or self._reported or process is None or process.stdin is None:
             raise AgentClosed("agent process is not running")
-        line = _stdin_line(frame)
+        line = stdin_line(frame)
         if line is None:  # text that cannot be one line: answered as the agent's side would
             assert isinstance(frame, Malformed)
             await self._outbox.put(Single(frame.error))
@@ -188,7 +183,7 @@ class StdioAgentChannel:
         _running[process.pid] = self
         self._started.set()
         assert process.stdout is not None and process.stderr is not None
-        stderr = loop.create_task(self._stderr.read(process.stderr))
+        stderr = loop.create_task(self._stderr.read(process.stderr, process.pid))
         self._pump = loop.create_task(self._relay(process.stdout))
         if self._closing:
             self._pump.cancel()
@@ -227,7 +222,7 @@ class StdioAgentChannel:
         """stdout lines -> frames, one at a time, as fast as receive() takes them; at the end,
         once the process is gone, errors for the requests it left unanswered, then None."""
         try:
-            while (line := await self._read_line(stdout)) is not None:
+            while (line := await read_line(stdout, self._max_line, self.connection_id)) is not None:
                 text = line.decode("utf-8", errors="replace").removesuffix("\r")
                 if not text.strip():
                     continue
@@ -244,38 +239,6 @@ class StdioAgentChannel:
         for frame in self._report_exit():
             await self._outbox.put(frame)
         await self._outbox.put(None)
-
-    async def _read_line(self, stdout: asyncio.StreamReader) -> bytes | None:
-        """The next line without its newline, None at the end. A line longer than the limit is
-        dropped (with an error in the log), never held whole."""
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            complete = True
-            try:
-                part = await stdout.readuntil(b"\n")
-            except asyncio.LimitOverrunError as error:
-                part, complete = await stdout.readexactly(error.consumed), False
-            except asyncio.IncompleteReadError as error:
-                part = error.partial
-                if not part and not size:
-                    return None
-            size += len(part)
-            if size <= self._max_line + 1:
-                parts.append(part)
-            elif parts:
-                parts.clear()
-            if complete:
-                if size > self._max_line + 1:
-                    logger.error(
-                        "agent for connection %s wrote a line of %d bytes, over the %d byte limit: dropped",
-                        self.connection_id,
-                        size,
-                        self._max_line,
-                    )
-                    parts, size = [], 0
-                    continue
-                return b"".join(parts).removesuffix(b"\n")
 
     async def _stop(self, process: asyncio.subprocess.Process) -> None:
         """Close stdin, wait, SIGTERM, wait, SIGKILL; then clear what is left of its group."""
@@ -384,18 +347,6 @@ def describe_status(returncode: int | None) -> str:
     return f"exit status {returncode}"
 
 
-def _stdin_line(frame: Frame) -> bytes | None:
-    """A client frame as one stdin line; None when its text cannot be one (not JSON, and it has
-    line breaks or is blank)."""
-    text = protocol.serialize_frame(frame)
-    if "\n" in text or "\r" in text or not text.strip():
-        if isinstance(frame, Malformed) and frame.error["error"]["code"] == protocol.PARSE_ERROR:
-            return None
-        # Valid JSON has line breaks only as whitespace between tokens: a space is the same JSON.
-        text = text.replace("\r", " ").replace("\n", " ")
-    return text.encode() + b"\n"
-
-
 class _AgentProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     """The standard subprocess protocol, plus an event when the process exits (asyncio's own
     wait() also waits for every pipe to close, which a paused stdout never does)."""
@@ -407,66 +358,6 @@ class _AgentProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     def process_exited(self) -> None:
         super().process_exited()
         self._exited_event.set()
-
-
-class _StderrLog:
-    """Reads an agent's stderr continuously into the log, one record per line."""
-
-    def __init__(self, channel: StdioAgentChannel) -> None:
-        self._channel = channel
-        self.last = ""
-        self._window = 0.0
-        self._logged = 0
-        self._suppressed = 0
-
-    async def read(self, stderr: asyncio.StreamReader) -> None:
-        head = bytearray()  # the start of the current line, up to STDERR_LINE_MAX bytes
-        extra = 0  # bytes of the current line beyond that
-        while chunk := await stderr.read(READ_CHUNK):
-            pieces = chunk.split(b"\n")
-            for index, piece in enumerate(pieces):
-                room = max(0, STDERR_LINE_MAX - len(head))
-                head += piece[:room]
-                extra += max(0, len(piece) - room)
-                if index < len(pieces) - 1:  # a newline ends this piece
-                    self._emit(bytes(head), extra)
-                    head.clear()
-                    extra = 0
-        if head or extra:
-            self._emit(bytes(head), extra)
-        self._flush_suppressed()
-
-    def _emit(self, line: bytes, extra: int) -> None:
-        text = line.decode("utf-8", errors="replace").rstrip("\r")
-        if extra:
-            text += f" [... {extra} more bytes]"
-        self.last = text
-        now = time.monotonic()
-        if now - self._window >= 1.0:
-            self._flush_suppressed()
-            self._window, self._logged = now, 0
-        if self._logged >= STDERR_LINES_PER_SECOND:
-            self._suppressed += 1
-            return
-        self._logged += 1
-        channel = self._channel
-        logger.info("agent %s (pid %s): %s", channel.connection_id, channel.pid, text, extra=self._extra())
-
-    def _flush_suppressed(self) -> None:
-        if self._suppressed:
-            channel = self._channel
-            logger.warning(
-                "agent %s (pid %s): %d stderr lines not logged (more than %d a second)",
-                channel.connection_id,
-                channel.pid,
-                self._suppressed,
-                STDERR_LINES_PER_SECOND,
-                extra=self._extra(),
-            )
-            self._suppressed = 0
-
-    def _extra(self) -> dict[str, Any]:
-        return {"acp_connection_id": self._channel.connection_id, "agent_pid": self._channel.pid}
 
 
 # -- process groups, and nothing outliving the server -----------------------------------------
