@@ -22,20 +22,17 @@ Backpressure: receive() hands over one line at a time and nothing reads stdout a
 a small buffer, so when the host stops asking (its readers are slow), the pipe fills and the agent
 blocks on its own writes. Memory per agent stays bounded by about `max_line_bytes`.
 
-The parts: `setting` (the AGENT setting's command form, checked and configured per connection,
-and the agent's environment), `pipes` (the bytes on stdin, stdout and stderr) and `channel` (the
-process, and the frames).
+The parts, each importing only those after it: `channel` (`StdioAgentChannel`: frames in and
+out, and the requests left unanswered), `setting` (the AGENT setting's command form, checked and
+configured per connection, and the agent's environment), `process` (`AgentProcess`: start, stop,
+its group, the atexit hook) and `pipes` (the bytes on stdin, stdout and stderr).
 """
 
 from __future__ import annotations
 
-from acp_channels.agents.stdio.channel import (
-    DEFAULT_SHUTDOWN_GRACE,
-    StdioAgentChannel,
-    describe_status,
-    stop_all_at_exit,
-)
+from acp_channels.agents.stdio.channel import StdioAgentChannel
 from acp_channels.agents.stdio.pipes import LINE_HEADROOM, READ_CHUNK, STDERR_LINE_MAX, STDERR_LINES_PER_SECOND
+from acp_channels.agents.stdio.process import DEFAULT_SHUTDOWN_GRACE, AgentProcess, describe_status, stop_all_at_exit
 from acp_channels.agents.stdio.setting import (
     CONFIGURE_KEYS,
     CONNECTION_ENV,
@@ -64,6 +61,7 @@ __all__ = [
     "STDERR_LINES_PER_SECOND",
     "STDERR_LINE_MAX",
     "AgentConfigurationError",
+    "AgentProcess",
     "StdioAgentChannel",
     "agent_environment",
     "configure_problem",

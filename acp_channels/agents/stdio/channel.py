@@ -8,31 +8,22 @@ leaves none without an answer.
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
-import ctypes
-import functools
 import logging
 import os
-import signal
-import sys
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from subprocess import PIPE, SubprocessError
-from typing import Any, Final
+from subprocess import SubprocessError
+from typing import Any
 
 from acp_channels import protocol
 from acp_channels.agents.channel import AgentClosed, FrameSink, RoomWaiter
-from acp_channels.agents.stdio.pipes import LINE_HEADROOM, READ_CHUNK, StderrLog, read_line, stdin_line
+from acp_channels.agents.stdio.pipes import LINE_HEADROOM, StderrLog, read_line, stdin_line
+from acp_channels.agents.stdio.process import DEFAULT_SHUTDOWN_GRACE, AgentProcess, describe_status
 from acp_channels.agents.stdio.setting import CONNECTION_ENV, agent_environment, configured_setting
 from acp_channels.identity import AgentContext
 from acp_channels.protocol import Frame, Malformed, Single
 
 logger = logging.getLogger("acp_channels.agent")
-
-DEFAULT_SHUTDOWN_GRACE: Final = 2.0
 
 
 class StdioAgentChannel:
@@ -61,15 +52,13 @@ class StdioAgentChannel:
         self._pending: dict[str, list[Any]] = {}  # id key -> the ids of unanswered client requests
         self._write_lock = asyncio.Lock()
         self._started = asyncio.Event()  # the process was started, or could not be
-        self._exited = asyncio.Event()  # the process exited (its pipes may still be open)
         self._stdout_ended = asyncio.Event()
         self._stopped = asyncio.Event()  # the process is gone and reaped: returncode is known
-        self._process: asyncio.subprocess.Process | None = None
+        self._process: AgentProcess | None = None
         self._pump: asyncio.Task[None] | None = None
         self._closing = False  # close() was called: abortive, nothing more is relayed
         self._finished = False  # receive() has returned None
         self._reported = False  # the agent's end was reported: nothing more is answered
-        self._group_cleared = False
         self._stderr = StderrLog(connection_id)
         environment = {**(os.environ if env is None else env), CONNECTION_ENV: connection_id}
         self._task = _keep(asyncio.get_running_loop().create_task(self._run(cwd, environment)))
@@ -100,7 +89,7 @@ class StdioAgentChannel:
         """
         await self._started.wait()
         process = self._process
-        if self._closing or self._reported or process is None or process.stdin is None:
+        if self._closing or self._reported or process is None:
             raise AgentClosed("agent process is not running")
         line = stdin_line(frame)
         if line is None:  # text that cannot be one line: answered as the agent's side would
@@ -110,7 +99,7 @@ class StdioAgentChannel:
         keys = self._track(frame)
         try:
             async with self._write_lock:
-                if not self._exited.is_set():
+                if not process.exited.is_set():
                     process.stdin.write(line)
                     await process.stdin.drain()
         except (ConnectionError, OSError) as error:  # its stdin is closed: it exited, or is exiting
@@ -158,18 +147,9 @@ class StdioAgentChannel:
 
     async def _run(self, cwd: str | Path | None, env: dict[str, str]) -> None:
         """Start the process, relay its output until stdout ends or close(), then stop it."""
-        loop = asyncio.get_running_loop()
         try:
-            transport, stream_protocol = await loop.subprocess_exec(
-                lambda: _AgentProtocol(self._exited, loop),
-                *self.command,
-                stdin=PIPE,
-                stdout=PIPE,
-                stderr=PIPE,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent(),
+            process = await AgentProcess.start(
+                self.command, cwd=cwd, env=env, grace=self._grace, connection_id=self.connection_id
             )
         except (OSError, ValueError, SubprocessError) as error:
             logger.error("agent for connection %s could not start %s: %s", self.connection_id, self.command, error)
@@ -178,25 +158,23 @@ class StdioAgentChannel:
             if not self._closing:
                 self._outbox.put_nowait(None)
             return
-        process = asyncio.subprocess.Process(transport, stream_protocol, loop)
         self._process, self.pid = process, process.pid
-        _running[process.pid] = self
         self._started.set()
-        assert process.stdout is not None and process.stderr is not None
+        loop = asyncio.get_running_loop()
         stderr = loop.create_task(self._stderr.read(process.stderr, process.pid))
         self._pump = loop.create_task(self._relay(process.stdout))
         if self._closing:
             self._pump.cancel()
         stdout_ended = loop.create_task(self._stdout_ended.wait())
-        exited = loop.create_task(self._exited.wait())
+        exited = loop.create_task(process.exited.wait())
         try:
             # Relay until stdout ends (the agent is ending) or close() cancels the relay. If the
             # agent exits first, what is left of its group goes, so nothing holds stdout open.
             done, _ = await asyncio.wait([self._pump, stdout_ended, exited], return_when=asyncio.FIRST_COMPLETED)
             if done == {exited}:
-                self._clear_group(process.pid)
+                process.clear_group()
                 await asyncio.wait([self._pump, stdout_ended], return_when=asyncio.FIRST_COMPLETED)
-            await self._stop(process)
+            self.returncode = await process.stop()
         except asyncio.CancelledError:
             # The event loop is going away under a running agent: the atexit hook stops it.
             for task in (self._pump, stderr, stdout_ended, exited):
@@ -214,8 +192,7 @@ class StdioAgentChannel:
             )
         await asyncio.wait([stderr], timeout=self._grace)
         stderr.cancel()
-        transport.close()
-        _running.pop(process.pid, None)
+        process.close()
         self._stopped.set()
 
     async def _relay(self, stdout: asyncio.StreamReader) -> None:
@@ -239,53 +216,6 @@ class StdioAgentChannel:
         for frame in self._report_exit():
             await self._outbox.put(frame)
         await self._outbox.put(None)
-
-    async def _stop(self, process: asyncio.subprocess.Process) -> None:
-        """Close stdin, wait, SIGTERM, wait, SIGKILL; then clear what is left of its group."""
-        with contextlib.suppress(Exception):
-            if process.stdin is not None:
-                process.stdin.close()
-        if not await self._wait_exit(self._grace):
-            logger.info(
-                "agent for connection %s (pid %d) still running %g s after stdin closed: SIGTERM",
-                self.connection_id,
-                process.pid,
-                self._grace,
-            )
-            _signal_group(process.pid, signal.SIGTERM)
-            if not await self._wait_exit(self._grace):
-                logger.warning(
-                    "agent for connection %s (pid %d) ignored SIGTERM for %g s: SIGKILL",
-                    self.connection_id,
-                    process.pid,
-                    self._grace,
-                )
-                _signal_group(process.pid, signal.SIGKILL)
-                await self._exited.wait()
-        self.returncode = process.returncode
-        self._clear_group(process.pid)
-
-    def _clear_group(self, pgid: int) -> None:
-        """The agent is gone: SIGTERM the rest of its group now, SIGKILL after the grace."""
-        if self._group_cleared:
-            return
-        self._group_cleared = True
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            return
-        _leftover_groups.add(pgid)
-
-        def kill() -> None:
-            _leftover_groups.discard(pgid)
-            _signal_group(pgid, signal.SIGKILL)
-
-        asyncio.get_running_loop().call_later(self._grace, kill)
-
-    async def _wait_exit(self, timeout: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._exited.wait(), timeout)
-        return self._exited.is_set()
 
     def _report_exit(self) -> list[Frame]:
         """The agent ended on its own: one log line, and an error for each unanswered request."""
@@ -337,35 +267,6 @@ class StdioAgentChannel:
                         del self._pending[protocol.id_key(message["id"])]
 
 
-def describe_status(returncode: int | None) -> str:
-    if returncode is None:
-        return "an unknown status"
-    if returncode < 0:
-        with contextlib.suppress(ValueError):
-            return f"signal {signal.Signals(-returncode).name}"
-        return f"signal {-returncode}"
-    return f"exit status {returncode}"
-
-
-class _AgentProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """The standard subprocess protocol, plus an event when the process exits (asyncio's own
-    wait() also waits for every pipe to close, which a paused stdout never does)."""
-
-    def __init__(self, exited: asyncio.Event, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=READ_CHUNK, loop=loop)
-        self._exited_event = exited
-
-    def process_exited(self) -> None:
-        super().process_exited()
-        self._exited_event.set()
-
-
-# -- process groups, and nothing outliving the server -----------------------------------------
-
-#: Agents started and not yet reaped, by pid (the atexit hook stops them).
-_running: dict[int, StdioAgentChannel] = {}
-#: Process groups whose leader is gone but that may still have members.
-_leftover_groups: set[int] = set()
 #: Tasks that must finish even when nothing else refers to them.
 _tasks: set[asyncio.Future[Any]] = set()
 
@@ -374,81 +275,3 @@ def _keep(task: asyncio.Future[Any]) -> asyncio.Future[Any]:
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
     return task
-
-
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-_PR_SET_PDEATHSIG: Final = 1
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn that makes the agent get SIGKILL if the server dies first (Linux).
-
-    The kernel ties this to the thread that forks, so it is only used from the main thread
-    (where servers run their event loop): a worker thread ending would kill the agent.
-    """
-    prctl = _prctl()
-    if prctl is None or threading.current_thread() is not threading.main_thread():
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the server died before the call: die now
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
-
-
-@functools.cache
-def _prctl() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-def _exited(pid: int) -> bool:
-    """Whether a child has exited, without reaping it (asyncio's child watcher does that)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _wait_all(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while (alive := [pid for pid in pids if not _exited(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return alive
-
-
-@atexit.register
-def stop_all_at_exit() -> None:
-    """The server is exiting: stop every agent still running (close stdin, wait, SIGTERM, wait,
-    SIGKILL), then kill what is left of their groups."""
-    channels = list(_running.values())
-    if channels:
-        logger.info("exiting: stopping %d agent process(es)", len(channels))
-        grace = max(channel._grace for channel in channels)
-        for channel in channels:
-            stdin = channel._process.stdin if channel._process is not None else None
-            pipe = stdin.transport.get_extra_info("pipe") if stdin is not None else None
-            with contextlib.suppress(Exception):
-                if pipe is not None:
-                    pipe.close()  # the agent sees the end of its input
-        alive = _wait_all([channel.pid for channel in channels if channel.pid is not None], grace)
-        for pid in alive:
-            _signal_group(pid, signal.SIGTERM)
-        for pid in _wait_all(alive, grace):
-            _signal_group(pid, signal.SIGKILL)
-        _leftover_groups.update(channel.pid for channel in channels if channel.pid is not None)
-    for pgid in list(_leftover_groups):
-        _signal_group(pgid, signal.SIGKILL)
-    _leftover_groups.clear()
-    _running.clear()
