@@ -44,6 +44,7 @@ from acp_channels.agents.stdio import (
     StdioAgentChannel,
     setting_problems,
 )
+from acp_channels.agents.stdio import process as stdio_process
 from acp_channels.host import ConnectionHost, registry
 from acp_channels.identity import ANONYMOUS, AgentContext, Principal
 from acp_channels.worker import new_connection_id
@@ -368,7 +369,7 @@ async def test_a_failing_configure_refuses_the_connection_and_starts_nothing(
     settings: Any, configure: str, message: str, hosts: list[ConnectionHost]
 ) -> None:
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": {"command": COMMAND, "configure": configure}}
-    before = (len(registry), dict(stdio_module._running), running_agents())
+    before = (len(registry), dict(stdio_process._running), running_agents())
     with pytest.raises(AgentConfigurationError) as refused:
         host = registry.create(
             create_agent_channel, "http", connection_id=new_connection_id(), max_buffered_bytes=BUDGET, principal=ADA
@@ -376,7 +377,7 @@ async def test_a_failing_configure_refuses_the_connection_and_starts_nothing(
         hosts.append(host)  # not refused: stopped after the test like any other
     assert message in str(refused.value)
     assert f"({ADA})" in str(refused.value)  # whose connection it was, for the log
-    assert (len(registry), dict(stdio_module._running), running_agents()) == before
+    assert (len(registry), dict(stdio_process._running), running_agents()) == before
 
 
 @pytest.mark.parametrize(

@@ -1,22 +1,12 @@
-"""Twisted-level guards for daphne against hostile and slow clients.
+"""Request reading: read timeouts (408), header sizes (431/414) and the body size (413).
 
-Imported only by `daphne_compat.install()` in a daphne process (importing Twisted anywhere else
-could install the wrong reactor). Each guard exists because daphne and Twisted leave a gap:
+Each guard exists because daphne and Twisted leave a gap:
 
-- Send backpressure (`SendGate`, `gated_handle_reply`). daphne's ASGI `send` of
-  `http.response.body` and `websocket.send` writes to the Twisted transport and returns at once;
-  the transport buffers without limit, so a client that stops reading grows the server without
-  bound and every budget counted above the server is bypassed. Twisted transports tell their
-  registered producer to pause once more than `bufferSize` (64 KiB) is unsent and to resume when
-  it has all been written; the HTTP channel forwards that to the producer registered by the
-  request (and keeps forwarding after daphne upgrades the connection to a WebSocket, as it stays
-  the transport's producer). A `SendGate` registered there makes `send` wait after its write
-  while the transport is paused; resuming wakes it, and so does a lost connection.
 - Body size (`GuardedWebRequest`). Twisted reads the whole body before the request is
   processed and daphne then queues all of it for the application, so a 1 GiB POST costs more
   than 1 GiB before the view's 413. For the ACP endpoint (known from the request line once the
   headers are in) a declared Content-Length over MAX_BODY_BYTES is refused before any body is
-  read, and a chunked body as soon as it passes the limit.
+  read, and a chunked body as soon as it passes the limit (over HTTP/2: `h2.H2BodyRefusal`).
 - Request read timeouts (`GuardedHTTPChannel`). Twisted's only timeout is an idle timeout of 12
   hours, restarted by every byte, so a client that trickles its headers (slowloris) holds a
   connection forever. HEADER_TIMEOUT_SECONDS runs from the start of a request (the connection,
@@ -34,44 +24,22 @@ could install the wrong reactor). Each guard exists because daphne and Twisted l
   over-long request line), with a text body.
 
 Every refusal answers with a complete `Connection: close` response. A 408 then closes; a 413,
-414 or 431 (the client may still be sending) keeps reading and discarding for a few seconds, or
+414 or 431 (the client may still be sending) keeps reading and discarding for LINGER_SECONDS, or
 until the client closes, so that the client reads the answer instead of a connection reset.
-
-HTTP/2 (daphne over TLS, h2 chosen through ALPN) is served by Twisted's H2Connection, one
-H2Stream per request, with the same request class: the HTTP/1.1 channel above is only the
-first protocol of the connection, and once h2 is chosen its clocks do nothing. There:
-
-- Send backpressure works per stream and per connection. The gate is registered with the
-  H2Stream, which pauses it when the client's flow-control window for the stream is used up
-  (queued data counts) and resumes it on the client's WINDOW_UPDATE: a stream its client does
-  not read pauses its agent, the other streams go on. But the window is the client's to choose
-  (up to 2 GiB), and a client that stops reading the socket stops only the connection's writer,
-  not the streams: each would queue up to its window. So every gate of the connection is also
-  closed while the connection's transport is paused (`watch_h2_connections`), as over HTTP/1.1.
-- Body size: a declared length over the limit is answered 413 at the headers and a body without
-  one as soon as it passes the limit, by `H2BodyRefusal`: the answer is written on the stream
-  (HEADERS and DATA with END_STREAM), the rest of the body is read and dropped (its window given
-  back, so a client that sends all before reading gets the answer) until the client ends it, or
-  for LINGER_SECONDS at most; then the stream is reset. Other streams are untouched.
-- The read timeouts (408) and the 431/414 header answers do not apply: h2 frames headers itself
-  (HPACK), and Twisted's connection idle timeout is the only clock. Front hostile networks with
-  a proxy (docs/http2.md).
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any, Final
 
 from daphne.http_protocol import HTTPFactory, WebRequest
-from twisted.internet.interfaces import IPushProducer
 from twisted.web import http
-from zope.interface import implementer
 
 from acp_channels import limits
 from acp_channels.conf import acp_settings
-from acp_channels.handoff import LazyEvent
+from acp_channels.daphne_guards.backpressure import SendGate
+from acp_channels.daphne_guards.h2 import H2BodyRefusal, h2_connection_of
 
 # Twisted's HTTP classes are mostly untyped: subclassed and called through Any.
 HTTPChannel: Any = http.HTTPChannel
@@ -79,217 +47,6 @@ GenericHTTPChannelProtocol: Any = http._GenericHTTPChannelProtocol
 
 #: How long a refused connection keeps reading (and discarding) before it is cut.
 LINGER_SECONDS: Final = 5.0
-
-
-# -- send backpressure -----------------------------------------------------------------------
-
-
-@implementer(IPushProducer)
-class SendGate:
-    """A push producer registered with an HTTP channel: closed while the transport holds more
-    than its buffer size unsent, open again once it has written everything, or the connection
-    is gone (so nobody waits on a dead socket). Over HTTP/2 it is registered with the stream
-    (closed while the stream's window is used up) and also closed while the connection's
-    transport is paused: open only when neither holds it."""
-
-    def __init__(self) -> None:
-        self._open = LazyEvent()
-        self._open.set()
-        self._held_by: set[str] = set()
-        self.stopped = False
-
-    def hold(self, reason: str) -> None:
-        if not self.stopped:
-            self._held_by.add(reason)
-            self._open.clear()
-
-    def release(self, reason: str) -> None:
-        self._held_by.discard(reason)
-        if not self._held_by:
-            self._open.set()
-
-    def pauseProducing(self) -> None:
-        self.hold("consumer")
-
-    def resumeProducing(self) -> None:
-        self.release("consumer")
-
-    def stopProducing(self) -> None:
-        self.stopped = True
-        self._held_by.clear()
-        self._open.set()
-
-    @property
-    def writable(self) -> bool:
-        """Open now: a writer need not wait (checked first, so the common case awaits nothing)."""
-        return self._open.is_set()
-
-    async def wait_writable(self) -> None:
-        await self._open.wait()
-
-
-def gate_before_write(protocol: Any, message: dict[str, Any]) -> SendGate | None:
-    """The gate a `send` of `message` must wait on after writing it, registered before the write
-    so the write's own pause is seen. The last body message unregisters it (Twisted expects a
-    request's producer to be gone before the request finishes)."""
-    kind = message.get("type")
-    if kind == "http.response.body":
-        return _response_gate(protocol, more_body=bool(message.get("more_body", False)))
-    if kind == "websocket.send":
-        return _websocket_gate(protocol)
-    return None
-
-
-def _response_gate(request: Any, *, more_body: bool) -> SendGate | None:
-    gate: SendGate | None = getattr(request, "acp_send_gate", None)
-    if not more_body:
-        if gate is not None:
-            request.acp_send_gate = None
-            gate.stopProducing()
-            if request.producer is gate and request.channel is not None:
-                request.unregisterProducer()
-        return None
-    if gate is None:
-        if request.channel is None or request.finished or request.producer is not None:
-            return None
-        gate = request.acp_send_gate = SendGate()
-        request.registerProducer(gate, True)
-        connection = h2_connection_of(request.channel)
-        if connection is not None:
-            _watch_h2_gate(connection, gate)
-    return gate
-
-
-# -- HTTP/2 ----------------------------------------------------------------------------------
-
-
-def h2_connection_of(channel: Any) -> Any:
-    """The H2Connection of a request's channel when it is an HTTP/2 stream (Twisted's H2Stream:
-    a `streamID` and its connection), else None."""
-    connection = getattr(channel, "_conn", None)
-    if connection is None or not isinstance(getattr(channel, "streamID", None), int):
-        return None
-    return connection
-
-
-def _watch_h2_gate(connection: Any, gate: SendGate) -> None:
-    gates: weakref.WeakSet[SendGate] | None = getattr(connection, "acp_send_gates", None)
-    if gates is None:
-        gates = connection.acp_send_gates = weakref.WeakSet()
-    gates.add(gate)
-    if getattr(connection, "_consumerBlocked", None) is not None:
-        gate.hold("connection")  # the transport is paused right now
-
-
-def watch_h2_connections(h2_connection_class: Any) -> None:
-    """Close every send gate of an HTTP/2 connection while its transport is paused (the client
-    does not read the socket), open them again when it resumes. Wraps Twisted's
-    H2Connection.pauseProducing/resumeProducing, which the transport calls."""
-    if getattr(h2_connection_class, "acp_gates_watched", False):
-        return
-    pause, resume = h2_connection_class.pauseProducing, h2_connection_class.resumeProducing
-
-    def pause_producing(self: Any) -> None:
-        pause(self)
-        for gate in list(getattr(self, "acp_send_gates", ())):
-            gate.hold("connection")
-
-    def resume_producing(self: Any) -> None:
-        resume(self)
-        for gate in list(getattr(self, "acp_send_gates", ())):
-            gate.release("connection")
-
-    h2_connection_class.pauseProducing = pause_producing
-    h2_connection_class.resumeProducing = resume_producing
-    h2_connection_class.acp_gates_watched = True
-
-
-class H2BodyRefusal:
-    """A 413 for one HTTP/2 stream whose body is over the limit (see the module docstring): the
-    answer goes out on the stream while the stream stays known to Twisted, so the rest of the
-    client's body is read and dropped (its window given back) until the client ends it or
-    LINGER_SECONDS pass; then the stream is forgotten (reset if the client is still sending)."""
-
-    def __init__(self, stream: Any, status: int, text: str) -> None:
-        self.stream = stream
-        self.connection = stream._conn
-        self.status = status
-        self.body = text.encode()
-        self.answered = False
-        self.client_done = False
-        self._linger: Any = None
-        # The stream joins the connection's table only after its headers are parsed (our
-        # gotLength runs during that): answer on the next turn of the reactor.
-        self.connection._reactor.callLater(0, self._answer)
-
-    def _active(self) -> bool:
-        connection = self.connection
-        return bool(connection._stillProducing) and bool(connection._streamIsActive(self.stream.streamID))
-
-    def _answer(self) -> None:
-        if not self._active():
-            return
-        import h2.exceptions
-
-        stream_id = self.stream.streamID
-        h2_state = self.connection.conn
-        headers = [
-            (b":status", str(self.status).encode()),
-            (b"content-type", b"text/plain; charset=utf-8"),
-            (b"content-length", str(len(self.body)).encode()),
-        ]
-        try:
-            h2_state.send_headers(stream_id, headers)
-            h2_state.send_data(stream_id, self.body, end_stream=True)
-        except h2.exceptions.H2Error:  # no window for the answer, or the stream closed meanwhile
-            self._forget(reset=True)
-            return
-        self.answered = True
-        self.connection._tryToWriteControlData()
-        if self.client_done:
-            self._forget(reset=False)
-        else:
-            self._linger = self.connection._reactor.callLater(LINGER_SECONDS, self._forget, True)
-
-    def body_ended(self) -> None:
-        """The client ended its body (Twisted's requestReceived)."""
-        self.client_done = True
-        if self.answered:
-            self._forget(reset=False)
-
-    def _forget(self, reset: bool) -> None:
-        if self._linger is not None and self._linger.active():
-            self._linger.cancel()
-        self._linger = None
-        if not self._active():
-            return
-        if reset:
-            self.connection.abortRequest(self.stream.streamID)  # RST_STREAM, and forgotten
-        else:
-            self.connection._requestDone(self.stream.streamID)
-
-
-def _websocket_gate(protocol: Any) -> SendGate | None:
-    gate: SendGate | None = getattr(protocol, "acp_send_gate", None)
-    if gate is None:
-        channel = _upgraded_channel(getattr(protocol, "transport", None))
-        if channel is None or channel._requestProducer is not None:
-            return None
-        gate = protocol.acp_send_gate = SendGate()
-        channel.registerProducer(gate, True)
-    return gate
-
-
-def _upgraded_channel(transport: Any) -> Any:
-    """The HTTP channel a WebSocket was upgraded from: still the transport's producer (directly
-    over TCP, through the TLS wrapper's producer membrane over TLS)."""
-    producer = getattr(transport, "producer", None)
-    if not isinstance(producer, HTTPChannel):
-        producer = getattr(getattr(transport, "_producer", None), "_producer", None)
-    return producer if isinstance(producer, HTTPChannel) else None
-
-
-# -- request reading: timeouts, header sizes, body size --------------------------------------
 
 
 class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
@@ -456,7 +213,7 @@ class GuardedWebRequest(WebRequest):  # type: ignore[misc]
 
     def _refuse_h2(self) -> None:
         if self.acp_h2_refusal is None:
-            self.acp_h2_refusal = H2BodyRefusal(self.channel, 413, limits.BODY_TOO_LARGE)
+            self.acp_h2_refusal = H2BodyRefusal(self.channel, 413, limits.BODY_TOO_LARGE, linger=LINGER_SECONDS)
 
     def handleContentChunk(self, data: bytes) -> None:
         channel = self.channel
