@@ -60,18 +60,9 @@ from .errors import (
     TransportTimeoutError,
 )
 from .h2_transport import fair_h2_transport
-from .reconnect import (
-    ReconnectCallback,
-    ReconnectEvent,
-    ReconnectPolicy,
-    SessionLedger,
-    StreamDrop,
-    event_position,
-    gone_detail,
-    intercepted,
-    restart_error,
-)
+from .reconnect import ReconnectCallback, ReconnectEvent, ReconnectPolicy, StreamDrop, event_position, gone_detail
 from .retry import RetryAfter, RetryCallback, RetryEvent, retry_after_seconds
+from .session_ledger import SessionLedger, intercepted, restart_error
 from .sse import SseParser, SseTooLarge
 from .tls import h2_available, tls_context
 

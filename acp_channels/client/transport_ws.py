@@ -50,16 +50,8 @@ from .errors import (
     TransportTimeoutError,
     WebSocketClosedError,
 )
-from .reconnect import (
-    ReconnectCallback,
-    ReconnectEvent,
-    ReconnectPolicy,
-    SessionLedger,
-    StreamDrop,
-    gone_detail,
-    intercepted,
-    restart_error,
-)
+from .reconnect import ReconnectCallback, ReconnectEvent, ReconnectPolicy, StreamDrop, gone_detail
+from .session_ledger import SessionLedger, intercepted, restart_error
 from .tls import tls_context
 
 __all__ = ["RESEND_WINDOW_BYTES", "RESEND_WINDOW_MESSAGES", "WebSocketTransport"]
