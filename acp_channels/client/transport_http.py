@@ -39,14 +39,14 @@ import logging
 import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import httpx
 
 from acp_channels import protocol
 from acp_channels.protocol import CONNECTION_HEADER, Batch, Frame, Malformed, Single
 
-from ._base import FrameValue, TransportBase, frame_value_for_send, received, response_only
+from ._base import FrameValue, cancel_and_wait, frame_value_for_send, received, response_only
 from .errors import (
     ClientUsageError,
     HttpStatusError,
@@ -55,22 +55,25 @@ from .errors import (
     ReconnectGaveUpError,
     ResumeRefusedError,
     StreamEndedError,
-    TransportClosedError,
     TransportError,
     TransportTimeoutError,
 )
 from .h2_transport import fair_h2_transport
-from .reconnect import ReconnectCallback, ReconnectEvent, ReconnectPolicy, StreamDrop, event_position, gone_detail
+from .reconnect import (
+    ReconnectCallback,
+    ReconnectEvent,
+    ReconnectingTransport,
+    ReconnectPolicy,
+    StreamDrop,
+    gone_detail,
+)
 from .retry import RetryAfter, RetryCallback, RetryEvent, retry_after_seconds
-from .session_ledger import SessionLedger, intercepted, restart_error
 from .sse import SseParser, SseTooLarge
 from .tls import h2_available, tls_context
 
 __all__ = ["HttpTransport", "ReconnectPolicy", "StreamDrop"]
 
 logger = logging.getLogger("acp_channels.client")
-
-T = TypeVar("T")
 
 JSON: Final = "application/json"
 EVENT_STREAM: Final = "text/event-stream"
@@ -100,6 +103,15 @@ class _Stream:
         return "connection stream" if self.session_id is None else f"session stream {self.session_id!r}"
 
 
+def event_position(event_id: str) -> tuple[str, int] | None:
+    """(tag, seq) of an SSE id of our server's form `<tag>-<seq>`; None for any other id (then
+    it is only echoed back, never compared)."""
+    tag, dash, seq = event_id.rpartition("-")
+    if not dash or not seq.isascii() or not seq.isdigit():
+        return None
+    return tag, int(seq)
+
+
 def _is_2xx(response: httpx.Response) -> bool:
     return 200 <= response.status_code < 300
 
@@ -108,16 +120,12 @@ def _same_id(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _messages(frame: Frame) -> list[protocol.Message]:
-    return protocol.frame_messages(frame)
-
-
 def _body(value: FrameValue, raw: str | None) -> bytes:
     """The POST body: the caller's exact text when it gave one (a relay), else `value` as JSON."""
     return (raw if raw is not None else protocol.dumps(value)).encode()
 
 
-class HttpTransport(TransportBase):
+class HttpTransport(ReconnectingTransport):
     """POST + SSE. Use it through `HttpClient`."""
 
     kind: Final = "http"
@@ -142,17 +150,20 @@ class HttpTransport(TransportBase):
         http2: bool | None = None,
         verify: ssl.SSLContext | str | bool = True,
     ) -> None:
-        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets, on_reconnect=on_reconnect)
+        super().__init__(
+            endpoint,
+            headers,
+            timeout,
+            max_message_size,
+            secrets=secrets,
+            reconnect=reconnect,
+            restart=restart,
+            on_reconnect=on_reconnect,
+        )
         self._retry_after = retry_after
         self._on_retry = on_retry
         self._stream_idle_timeout = stream_idle_timeout
-        self._reconnect = reconnect
-        self._restart = restart
-        self._ledger = SessionLedger()
         self._restart_task: asyncio.Task[None] | None = None
-        #: Sessions a restart is loading: their replayed history is not delivered again.
-        self._loading: set[str] = set()
-        self._private_replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._owns_client = http_client is None
         if http_client is None:
             if http2 is None:
@@ -186,8 +197,6 @@ class HttpTransport(TransportBase):
         self._initializing = False
         self._streams: dict[str | None, _Stream] = {}
         self._agent_request_routes: dict[str, collections.deque[str | None]] = {}
-        self._closing = asyncio.Event()
-        self._close_done = asyncio.Event()
         self._delete_task: asyncio.Task[None] | None = None
         self.deletes_sent = 0
         #: The HTTP version of the last answer from the server ("HTTP/2", "HTTP/1.1"; None before).
@@ -201,8 +210,6 @@ class HttpTransport(TransportBase):
         """The last SSE event id seen on a stream (None: no such stream or no ids)."""
         stream = self._streams.get(session_id)
         return stream.last_event_id if stream else None
-
-    # ------------------------------------------------------------------------------- receiving
 
     # --------------------------------------------------------------------------------- sending
 
@@ -249,7 +256,7 @@ class HttpTransport(TransportBase):
     def _sessions_of(self, frame: Frame) -> list[str]:
         """Session ids the frame names, checking session methods have one (before any effect)."""
         sessions: list[str] = []
-        for message in _messages(frame):
+        for message in protocol.frame_messages(frame):
             if "method" not in message:
                 continue
             session_id = protocol.message_session_id(message)
@@ -371,14 +378,7 @@ class HttpTransport(TransportBase):
         self._initializing = True
         self._ledger.sent(value)
         try:
-            headers = {**self._headers, "Content-Type": JSON, "Accept": JSON}
-            response = await self._exchange("POST", "initialize", headers, _body(value, raw))
-            logger.debug("POST initialize: HTTP %d", response.status_code)
-            connection_id = protocol.header_value(response.headers.get_list(CONNECTION_HEADER)) or None
-            if connection_id is not None:
-                self.connection_id = connection_id  # kept even on failure, so it is deleted
-            if not _is_2xx(response):
-                raise self._fail(self._response_error("initialize", response, response.text))
+            response, connection_id = await self._post_initialize(value, raw, "initialize")
             frame = protocol.parse_frame(response.text)
             if isinstance(frame, Batch):
                 raise self._fail(ProtocolViolationError("initialize response must not be a JSON-RPC batch"))
@@ -403,6 +403,21 @@ class HttpTransport(TransportBase):
             await self._wait_established(None)
         finally:
             self._initializing = False
+
+    async def _post_initialize(
+        self, message: FrameValue, raw: str | None, what: str
+    ) -> tuple[httpx.Response, str | None]:
+        """POST an `initialize` (no connection yet): its 2xx answer, and the connection id that
+        answer names (kept as `connection_id` even on an error status, so that it is deleted)."""
+        headers = {**self._headers, "Content-Type": JSON, "Accept": JSON}
+        response = await self._exchange("POST", what, headers, _body(message, raw))
+        logger.debug("POST %s: HTTP %d", what, response.status_code)
+        connection_id = protocol.header_value(response.headers.get_list(CONNECTION_HEADER)) or None
+        if connection_id is not None:
+            self.connection_id = connection_id
+        if not _is_2xx(response):
+            raise self._fail(self._response_error(what, response, response.text))
+        return response, connection_id
 
     # --------------------------------------------------------------------------------- streams
 
@@ -457,7 +472,7 @@ class HttpTransport(TransportBase):
                     return
                 if error.status_code == 409 and sent_event_id is not None:
                     error = ResumeRefusedError(error.request, 409, error.body)
-                self._give_up(stream, error)
+                self._stream_failed(stream, error)
                 return
             delay = self._retry_delay(stream, error)
             if delay is None:
@@ -488,20 +503,20 @@ class HttpTransport(TransportBase):
         stream.attempts += 1
         elapsed = now - stream.dropped_at
         drop = StreamDrop(stream.session_id, stream.attempts, error, stream.last_event_id, elapsed, stream.name)
-        delay = self._reconnect(drop)
+        delay = self._policy_delay(drop)
         if delay is None:
             if stream.attempts == 1:
                 self._fail(error)  # the policy does not reconnect this one at all
             else:
-                self._give_up(stream, ReconnectGaveUpError(stream.name, stream.attempts - 1, elapsed, error))
-            return None
-        self._tell(ReconnectEvent("reconnecting", stream.name, error, stream.attempts, delay), logger)
+                self._stream_failed(stream, ReconnectGaveUpError(stream.name, stream.attempts - 1, elapsed, error))
         return delay
 
-    def _give_up(self, stream: _Stream, error: TransportError) -> None:
-        if stream.dropped_at is not None and not self.closed:
-            self._tell(ReconnectEvent("gave-up", stream.name, error, stream.attempts), logger)
-        self._fail(error)
+    def _stream_failed(self, stream: _Stream, error: TransportError) -> None:
+        """Fail with `error`; when the stream was being reconnected, tell that it gave up."""
+        if stream.dropped_at is None:
+            self._fail(error)
+        else:
+            self._give_up(stream.name, error, stream.attempts)
 
     async def _read_stream(self, stream: _Stream) -> None:
         assert self.connection_id is not None
@@ -546,7 +561,7 @@ class HttpTransport(TransportBase):
                 stream.established.set_result(None)
             if stream.dropped_at is not None:
                 stream.dropped_at = None
-                self._tell(ReconnectEvent("resumed", stream.name), logger)
+                self._tell(ReconnectEvent("resumed", stream.name))
             parser = SseParser(self._max_message_size)
             async for chunk in response.aiter_bytes():
                 for event in parser.feed(chunk):
@@ -565,10 +580,10 @@ class HttpTransport(TransportBase):
 
     def _deliver(self, text: str, session_id: str | None) -> None:
         value, exact = received(text)
-        if intercepted(value, self._private_replies, self._loading):
+        if self._intercepted(value):
             return
         self._ledger.received(value)
-        for message in _messages(protocol.frame_from_value(value)):
+        for message in protocol.frame_messages(protocol.frame_from_value(value)):
             request_id = message.get("id")
             if "method" in message:
                 if request_id is not None:
@@ -594,38 +609,24 @@ class HttpTransport(TransportBase):
             refusal = refusal or "the request named no connection"
             gone = ResumeRefusedError(error.request, 404, error.body, detail=gone_detail(connection_id, refusal))
             if what:
-                self._tell(ReconnectEvent("gave-up", what, gone), logger)
-            self._fail(gone)
+                self._give_up(what, gone)
+            else:
+                self._fail(gone)
             return False
         self._restart_task = asyncio.create_task(self._restart_connection(connection_id), name="acp-client restart")
         return True
 
     async def _restart_connection(self, previous: str) -> None:
-        """A new connection in place of `previous`, which the server forgot: initialize with the
-        same params, reopen the streams, `session/load` every open session."""
+        """A new connection in place of `previous`, which the server forgot (see
+        `_restart_in_place`); its streams are reopened as they are needed."""
         try:
             # Before taking the lanes: a send waiting for a stream to open goes on (see _wait_established).
             await self._stop_streams()
             async with self._call_lane, self._response_lane:
                 if self.closed:
                     return
-                failed = self._ledger.take_outstanding()
-                for request_id in failed:
-                    self._inbox.put(restart_error(request_id))
-                self._agent_request_routes.clear()
-                self.connection_id = None
-                await self._initialize_again()
-                loaded, lost = await self._load_sessions()
-            event = ReconnectEvent(
-                "restarted",
-                "connection",
-                connection_id=self.connection_id,
-                previous_connection_id=previous,
-                sessions_loaded=tuple(loaded),
-                sessions_lost=tuple(lost),
-                requests_failed=len(failed),
-            )
-            self._tell(event, logger)
+                event = await self._restart_in_place("connection", previous)
+            self._tell(event)
         except TransportError as exc:
             self._fail(exc)
         finally:
@@ -644,16 +645,13 @@ class HttpTransport(TransportBase):
                 with contextlib.suppress(BaseException):
                     await stream.task
 
-    async def _initialize_again(self) -> None:
+    async def _connect_again(self) -> None:
+        """POST `initialize` again with the caller's params, then open the connection stream."""
+        self._agent_request_routes.clear()
+        self.connection_id = None
         message = self._ledger.initialize_request()
-        headers = {**self._headers, "Content-Type": JSON, "Accept": JSON}
         what = "initialize (restart)"
-        response = await self._exchange("POST", what, headers, _body(message, None))
-        connection_id = protocol.header_value(response.headers.get_list(CONNECTION_HEADER)) or None
-        if connection_id is not None:
-            self.connection_id = connection_id  # deleted on failure
-        if not _is_2xx(response):
-            raise self._fail(self._response_error(what, response, response.text))
+        response, connection_id = await self._post_initialize(message, None, what)
         frame = protocol.parse_frame(response.text)
         reply = frame.message if isinstance(frame, Single) else None
         if reply is None or reply.get("id") != message["id"] or "error" in reply or connection_id is None:
@@ -663,63 +661,28 @@ class HttpTransport(TransportBase):
         self._ledger.initialized = True
         await self._wait_established(None)
 
-    async def _load_sessions(self) -> tuple[list[str], list[tuple[str, str]]]:
-        loaded: list[str] = []
-        lost: list[tuple[str, str]] = []
-        for session_id in list(self._ledger.sessions):
-            message = self._ledger.load_request(session_id)
-            self._loading.add(session_id)
-            try:
-                await self._wait_established(session_id)
-                reply = await self._private_call(message, session_id)
-            finally:
-                self._loading.discard(session_id)
-            if "error" in reply:
-                error = reply["error"]
-                why = error.get("message", "error") if isinstance(error, dict) else str(error)
-                lost.append((session_id, str(why)))
-                del self._ledger.sessions[session_id]
-            else:
-                loaded.append(session_id)
-        return loaded, lost
-
-    async def _private_call(self, message: dict[str, Any], session_id: str | None) -> dict[str, Any]:
-        """Send a request of our own and wait for its reply (kept from the caller)."""
-        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._private_replies[message["id"]] = waiter
+    async def _send_private(self, message: protocol.Message) -> dict[str, Any] | None:
+        """POST a restart's own request once its session's stream is open (the reply may come
+        in the POST's answer)."""
+        session_id = protocol.message_session_id(message)
+        if session_id is not None:
+            await self._wait_established(session_id)
         headers = self._post_headers()
         if session_id is not None:
             headers["Acp-Session-Id"] = session_id
         what = f"POST {message['method']} (restart)"
-        try:
-            response = await self._exchange("POST", what, headers, _body(message, None))
-            if not _is_2xx(response):
-                raise self._fail(self._response_error(what, response, response.text))
-            if response.headers.get("content-type", "").startswith(JSON) and response.content:
-                body = protocol.parse_frame(response.text)  # a server may answer in the body
-                if isinstance(body, Single) and body.message.get("id") == message["id"]:
-                    return body.message
-            try:
-                async with asyncio.timeout(self._timeout):
-                    return await self._unless_failed(asyncio.shield(waiter), self._closing)
-            except TimeoutError as exc:
-                raise self._fail(TransportTimeoutError(f"{what}: no answer within {self._timeout:g}s")) from exc
-        finally:
-            self._private_replies.pop(message["id"], None)
+        response = await self._exchange("POST", what, headers, _body(message, None))
+        if not _is_2xx(response):
+            raise self._fail(self._response_error(what, response, response.text))
+        if response.headers.get("content-type", "").startswith(JSON) and response.content:
+            body = protocol.parse_frame(response.text)  # a server may answer in the body
+            if isinstance(body, Single) and body.message.get("id") == message["id"]:
+                return body.message
+        return None
 
     # ------------------------------------------------------------------------------- the end
 
-    def _raise_if_unusable(self) -> None:
-        self._raise_if_failed()
-        if self._close_started:
-            raise TransportClosedError("transport is closed")
-
-    def _raise_if_failed(self) -> None:
-        if self.error is not None:
-            raise self._closed_error()
-
     def _fail(self, error: TransportError) -> TransportError:
-        """Make `error` the end of the transport (first one wins); returns it for raising."""
         if not self._record_failure(error, logger):
             return error
         current = asyncio.current_task()
@@ -741,33 +704,16 @@ class HttpTransport(TransportBase):
         else:
             logger.debug("DELETE of connection %s: HTTP %d", connection_id, response.status_code)
 
-    async def close(self) -> None:
+    async def _shut_down(self) -> None:
         """Finish the sends under way, DELETE the connection once, stop the streams."""
-        if self._close_started:
-            await self._close_done.wait()
-            return
-        self._close_started = True
-        self._closing.set()
-        try:
-            if self._restart_task is not None:
-                self._restart_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._restart_task
-            async with self._call_lane, self._response_lane:
-                pass  # sends already queued go out first, in order
-            if self._delete_task is not None:
-                await asyncio.shield(self._delete_task)
-            elif self.connection_id is not None and self.error is None:
-                await self._delete(self.connection_id)
-            for stream in self._streams.values():
-                if stream.task is not None:
-                    stream.task.cancel()
-            for stream in list(self._streams.values()):
-                if stream.task is not None:
-                    with contextlib.suppress(BaseException):
-                        await stream.task
-            self._inbox.end(None)
-            if self._owns_client:
-                await self.http.aclose()
-        finally:
-            self._close_done.set()
+        await cancel_and_wait([self._restart_task])
+        async with self._call_lane, self._response_lane:
+            pass  # sends already queued go out first, in order
+        if self._delete_task is not None:
+            await asyncio.shield(self._delete_task)
+        elif self.connection_id is not None and self.error is None:
+            await self._delete(self.connection_id)
+        await cancel_and_wait([stream.task for stream in self._streams.values()])
+        self._inbox.end(None)
+        if self._owns_client:
+            await self.http.aclose()

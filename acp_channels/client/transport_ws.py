@@ -27,7 +27,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
@@ -37,7 +37,7 @@ from websockets.typing import Subprotocol
 from acp_channels import protocol
 from acp_channels.protocol import CONNECTION_HEADER
 
-from ._base import FrameValue, TransportBase, frame_value_for_send, received
+from ._base import FrameValue, cancel_and_wait, frame_value_for_send, received
 from .errors import (
     HttpStatusError,
     NetworkError,
@@ -45,20 +45,23 @@ from .errors import (
     ReconnectGaveUpError,
     ResumeFailedError,
     ResumeRefusedError,
-    TransportClosedError,
     TransportError,
     TransportTimeoutError,
     WebSocketClosedError,
 )
-from .reconnect import ReconnectCallback, ReconnectEvent, ReconnectPolicy, StreamDrop, gone_detail
-from .session_ledger import SessionLedger, intercepted, restart_error
+from .reconnect import (
+    ReconnectCallback,
+    ReconnectEvent,
+    ReconnectingTransport,
+    ReconnectPolicy,
+    StreamDrop,
+    gone_detail,
+)
 from .tls import tls_context
 
 __all__ = ["RESEND_WINDOW_BYTES", "RESEND_WINDOW_MESSAGES", "WebSocketTransport"]
 
 logger = logging.getLogger("acp_channels.client")
-
-T = TypeVar("T")
 
 #: Sent messages kept for a reattach to send again (the oldest go first; the last one is always kept).
 RESEND_WINDOW_MESSAGES: Final = 4096
@@ -82,7 +85,7 @@ class _Refused(Exception):
         self.error = error
 
 
-class WebSocketTransport(TransportBase):
+class WebSocketTransport(ReconnectingTransport):
     """One WebSocket. Use it through `HttpClient`."""
 
     kind: Final = "ws"
@@ -103,7 +106,16 @@ class WebSocketTransport(TransportBase):
         on_reconnect: ReconnectCallback | None = None,
         verify: ssl.SSLContext | str | bool = True,
     ) -> None:
-        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets, on_reconnect=on_reconnect)
+        super().__init__(
+            endpoint,
+            headers,
+            timeout,
+            max_message_size,
+            secrets=secrets,
+            reconnect=reconnect,
+            restart=restart,
+            on_reconnect=on_reconnect,
+        )
         #: wss:// only: the TLS context checking the server (None: websockets' default).
         self._ssl = tls_context(verify) if endpoint.startswith("wss:") and verify is not True else None
         self._ping_interval = ping_interval
@@ -111,25 +123,18 @@ class WebSocketTransport(TransportBase):
         #: The subprotocol the server chose (None: it chose none).
         self.subprotocol: str | None = None
         self.cookies = httpx.Cookies(cookies)
-        self._reconnect = reconnect
-        self._restart = restart
-        self._ledger = SessionLedger()
         self._socket: ClientConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._send_lock = asyncio.Lock()
         self._attached = asyncio.Event()  # a socket is up and every retained message was resent
-        self._closing = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._reattach_task: asyncio.Task[None] | None = None
-        self._close_done = asyncio.Event()
         #: The first 101 named the connection: a reattach can name it too.
         self._named = False
         self._received_count = 0
         self._sent_count = 0
         self._retained: collections.deque[tuple[int, str]] = collections.deque()
         self._retained_bytes = 0
-        self._loading: set[str] = set()
-        self._private_replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._restarting = False
 
     @property
@@ -267,7 +272,7 @@ class WebSocketTransport(TransportBase):
                 self._dropped(socket, exc)
 
     def _take(self, value: FrameValue, exact: str | None) -> None:
-        if intercepted(value, self._private_replies, self._loading):
+        if self._intercepted(value):
             return
         self._ledger.received(value)
         self._inbox.put(value, exact)
@@ -303,16 +308,16 @@ class WebSocketTransport(TransportBase):
                 attempt += 1
                 elapsed = loop.time() - dropped_at
                 drop = StreamDrop(None, attempt, error, str(self._received_count), elapsed, WHAT)
-                delay = self._reconnect(drop)
+                delay = self._policy_delay(drop)
                 if delay is None:
-                    self._give_up(error if attempt == 1 else ReconnectGaveUpError(WHAT, attempt - 1, elapsed, error))
+                    gave_up = error if attempt == 1 else ReconnectGaveUpError(WHAT, attempt - 1, elapsed, error)
+                    self._give_up(WHAT, gave_up)
                     return
-                self._tell(ReconnectEvent("reconnecting", WHAT, error, attempt, delay), logger)
                 if delay > 0:
                     await asyncio.sleep(delay)
                 try:
                     if await self._reattach_once():
-                        self._tell(ReconnectEvent("resumed", WHAT), logger)
+                        self._tell(ReconnectEvent("resumed", WHAT))
                         return
                     error = NetworkError("WebSocket reattach: the new socket closed during the resend")
                 except _Refused as refused:
@@ -322,14 +327,15 @@ class WebSocketTransport(TransportBase):
                         return
                     if error.status_code in (404, 409):
                         detail = gone_detail(self.connection_id, "restart is off") if error.status_code == 404 else ""
-                        self._give_up(ResumeRefusedError(error.request, error.status_code, error.body, detail=detail))
+                        refused_error = ResumeRefusedError(error.request, error.status_code, error.body, detail=detail)
+                        self._give_up(WHAT, refused_error)
                         return
                     if error.status_code not in _RETRY_STATUSES:
-                        self._give_up(error)
+                        self._give_up(WHAT, error)
                         return
                 except TransportError as exc:
                     if isinstance(exc, ResumeFailedError | ProtocolViolationError):
-                        self._give_up(exc)
+                        self._give_up(WHAT, exc)
                         return
                     error = exc
         finally:
@@ -388,89 +394,49 @@ class WebSocketTransport(TransportBase):
             pass
         await socket.close()
 
-    def _give_up(self, error: TransportError) -> None:
-        if not self.closed:
-            self._tell(ReconnectEvent("gave-up", WHAT, error), logger)
-        self._fail(error)
-
     # ----------------------------------------------------------------------------- restart
 
     async def _restart_connection(self) -> None:
-        """A new connection in place of the one the server forgot: a plain upgrade, initialize
-        with the same params, `session/load` every open session."""
+        """A new connection in place of the one the server forgot (see `_restart_in_place`)."""
         previous = self.connection_id
         refusal = self._ledger.restart_refusal()
         if refusal is not None:
             detail = gone_detail(self.connection_id, refusal)
-            self._give_up(ResumeRefusedError("WebSocket reattach", 404, detail=detail))
+            self._give_up(WHAT, ResumeRefusedError("WebSocket reattach", 404, detail=detail))
             return
         self._restarting = True
         try:
             async with self._send_lock:
-                failed = self._ledger.take_outstanding()
-                for request_id in failed:
-                    self._inbox.put(restart_error(request_id))
-                self._received_count = self._sent_count = self._retained_bytes = 0
-                self._retained.clear()
-                try:
-                    socket = await self._open({})
-                except _Refused as refused:
-                    raise refused.error from refused
-                self._socket = socket
-                self._reader = asyncio.create_task(self._read(socket), name="acp-client websocket reader")
-                reply = await self._private_call(socket, self._ledger.initialize_request())
-                if "error" in reply:
-                    raise ResumeFailedError(f"restart: the new connection's initialize failed: {reply['error']}")
-                self._ledger.initialize_id = None
-                self._ledger.received(reply)
-                loaded: list[str] = []
-                lost: list[tuple[str, str]] = []
-                for session_id in list(self._ledger.sessions):
-                    self._loading.add(session_id)
-                    try:
-                        reply = await self._private_call(socket, self._ledger.load_request(session_id))
-                    finally:
-                        self._loading.discard(session_id)
-                    if "error" in reply:
-                        error = reply["error"]
-                        lost.append(
-                            (session_id, str(error.get("message", error) if isinstance(error, dict) else error))
-                        )
-                        del self._ledger.sessions[session_id]
-                    else:
-                        loaded.append(session_id)
+                event = await self._restart_in_place(WHAT, previous)
                 self._attached.set()
-            self._tell(
-                ReconnectEvent(
-                    "restarted",
-                    WHAT,
-                    connection_id=self.connection_id,
-                    previous_connection_id=previous,
-                    sessions_loaded=tuple(loaded),
-                    sessions_lost=tuple(lost),
-                    requests_failed=len(failed),
-                ),
-                logger,
-            )
+            self._tell(event)
         except TransportError as exc:
-            self._give_up(exc)
+            self._give_up(WHAT, exc)
         finally:
             self._restarting = False
 
-    async def _private_call(self, socket: ClientConnection, message: dict[str, Any]) -> dict[str, Any]:
-        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._private_replies[message["id"]] = waiter
+    async def _connect_again(self) -> None:
+        """A plain upgrade, then `initialize` with the caller's params."""
+        self._received_count = self._sent_count = self._retained_bytes = 0
+        self._retained.clear()
         try:
-            await self._send_numbered(socket, protocol.dumps(message))
-            try:
-                async with asyncio.timeout(self._timeout):
-                    return await self._unless_failed(asyncio.shield(waiter), self._closing)
-            except TimeoutError as exc:
-                raise TransportTimeoutError(
-                    f"restart: no answer to {message['method']} within {self._timeout}s"
-                ) from exc
-        finally:
-            self._private_replies.pop(message["id"], None)
+            socket = await self._open({})
+        except _Refused as refused:
+            raise refused.error from refused
+        self._socket = socket
+        self._reader = asyncio.create_task(self._read(socket), name="acp-client websocket reader")
+        reply = await self._private_call(self._ledger.initialize_request())
+        if "error" in reply:
+            raise ResumeFailedError(f"restart: the new connection's initialize failed: {reply['error']}")
+        self._ledger.initialize_id = None
+        self._ledger.received(reply)
+
+    async def _send_private(self, message: protocol.Message) -> dict[str, Any] | None:
+        """Send a restart's own request on the new socket (its reply arrives as a message)."""
+        if self._socket is None:  # it dropped during the restart: the transport failed
+            raise self._closed_error()
+        await self._send_numbered(self._socket, protocol.dumps(message))
+        return None
 
     # ------------------------------------------------------------------------------ the end
 
@@ -481,37 +447,17 @@ class WebSocketTransport(TransportBase):
         code = exc.rcvd.code
         return WebSocketClosedError(None if code == 1005 else code, exc.rcvd.reason)
 
-    def _raise_if_unusable(self) -> None:
-        if self.error is not None:
-            raise self._closed_error()
-        if self._close_started:
-            raise TransportClosedError("transport is closed")
-
     def _fail(self, error: TransportError) -> TransportError:
         if self._record_failure(error, logger):
             self._attached.clear()
             self._inbox.end(error)
         return error
 
-    async def close(self) -> None:
+    async def _shut_down(self) -> None:
         """Send a Close frame (code 1000: the server ends the connection) and stop reading."""
-        if self._close_started:
-            await self._close_done.wait()
-            return
-        self._close_started = True
-        self._closing.set()
-        try:
-            if self._reattach_task is not None:
-                self._reattach_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._reattach_task
-            if self._socket is not None:
-                with contextlib.suppress(Exception):
-                    await self._socket.close()
-            if self._reader is not None:
-                self._reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._reader
-            self._inbox.end(None)
-        finally:
-            self._close_done.set()
+        await cancel_and_wait([self._reattach_task])
+        if self._socket is not None:
+            with contextlib.suppress(Exception):
+                await self._socket.close()
+        await cancel_and_wait([self._reader])
+        self._inbox.end(None)
