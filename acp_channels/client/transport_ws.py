@@ -22,7 +22,6 @@ with 1001 (going away) or 1012 (service restart), is reattached.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import ssl
@@ -30,34 +29,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import httpx
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
 from acp_channels import protocol
-from acp_channels.protocol import CONNECTION_HEADER
 
 from ._base import FrameValue, cancel_and_wait, frame_value_for_send, received
 from .errors import (
-    HttpStatusError,
     NetworkError,
     ProtocolViolationError,
     ReconnectGaveUpError,
     ResumeFailedError,
     ResumeRefusedError,
     TransportError,
-    TransportTimeoutError,
     WebSocketClosedError,
 )
-from .reconnect import (
-    ReconnectCallback,
-    ReconnectEvent,
-    ReconnectingTransport,
-    ReconnectPolicy,
-    StreamDrop,
-    gone_detail,
-)
+from .reconnect import ReconnectCallback, ReconnectEvent, ReconnectPolicy, StreamDrop, gone_detail
+from .resend_window import ResendWindow
 from .tls import tls_context
+from .ws_upgrade import UpgradeRefused, WebSocketUpgrade
 
 __all__ = ["RESEND_WINDOW_BYTES", "RESEND_WINDOW_MESSAGES", "WebSocketTransport"]
 
@@ -73,20 +64,11 @@ _RESUMABLE_CLOSE_CODES: Final = frozenset({1001, 1012})
 #: Upgrade statuses worth another try (a busy or restarting server or balancer).
 _RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 WHAT: Final = "WebSocket"
-#: A server that cannot answer an upgrade with an HTTP status refuses a reattach by closing the
-#: accepted socket with this + the status (docs/resumable-streams.md).
-REFUSAL_CLOSE_BASE: Final = 4000
 
 
-class _Refused(Exception):
-    """An upgrade answered with a status instead of 101."""
-
-    def __init__(self, error: HttpStatusError) -> None:
-        self.error = error
-
-
-class WebSocketTransport(ReconnectingTransport):
-    """One WebSocket. Use it through `HttpClient`."""
+class WebSocketTransport(WebSocketUpgrade):
+    """One WebSocket. Use it through `HttpClient`. Its layers: the upgrade (ws_upgrade),
+    reconnecting and restarting (reconnect); here, sending, reading and reattaching."""
 
     kind: Final = "ws"
 
@@ -116,12 +98,10 @@ class WebSocketTransport(ReconnectingTransport):
             restart=restart,
             on_reconnect=on_reconnect,
         )
-        #: wss:// only: the TLS context checking the server (None: websockets' default).
         self._ssl = tls_context(verify) if endpoint.startswith("wss:") and verify is not True else None
         self._ping_interval = ping_interval
         self._subprotocols = [Subprotocol(name) for name in subprotocols]
-        #: The subprotocol the server chose (None: it chose none).
-        self.subprotocol: str | None = None
+        self.subprotocol = None
         self.cookies = httpx.Cookies(cookies)
         self._socket: ClientConnection | None = None
         self._connect_lock = asyncio.Lock()
@@ -132,9 +112,7 @@ class WebSocketTransport(ReconnectingTransport):
         #: The first 101 named the connection: a reattach can name it too.
         self._named = False
         self._received_count = 0
-        self._sent_count = 0
-        self._retained: collections.deque[tuple[int, str]] = collections.deque()
-        self._retained_bytes = 0
+        self._sent = ResendWindow(RESEND_WINDOW_MESSAGES, RESEND_WINDOW_BYTES)
         self._restarting = False
 
     @property
@@ -144,7 +122,7 @@ class WebSocketTransport(ReconnectingTransport):
 
     @property
     def sent_count(self) -> int:
-        return self._sent_count
+        return self._sent.sent_count
 
     # --------------------------------------------------------------------------- the socket
 
@@ -157,56 +135,12 @@ class WebSocketTransport(ReconnectingTransport):
             self._raise_if_unusable()
             try:
                 socket = await self._open({})
-            except _Refused as refused:
+            except UpgradeRefused as refused:
                 raise self._fail(refused.error) from refused
             except TransportError as exc:
                 raise self._fail(exc) from exc
             self._named = self.connection_id is not None
             self._attach(socket)
-
-    async def _open(self, extra_headers: dict[str, str]) -> ClientConnection:
-        """A new socket; raises `_Refused` for a non-101 status, a `TransportError` otherwise.
-        Records the connection id and cookies of the 101."""
-        headers = {**self._headers, **extra_headers}
-        cookie_header = "; ".join(f"{name}={value}" for name, value in self.cookies.items())
-        if cookie_header and not any(name.lower() == "cookie" for name in headers):
-            headers["Cookie"] = cookie_header
-        what = "WebSocket reattach" if extra_headers else "WebSocket upgrade"
-        tls_option: dict[str, Any] = {} if self._ssl is None else {"ssl": self._ssl}
-        try:
-            socket = await connect(
-                self.endpoint,
-                additional_headers=headers,
-                user_agent_header="acp-channels-client",
-                open_timeout=self._timeout,
-                close_timeout=self._timeout,
-                max_size=self._max_message_size,
-                ping_interval=self._ping_interval,
-                subprotocols=self._subprotocols or None,
-                **tls_option,
-            )
-        except InvalidStatus as exc:
-            body = exc.response.body.decode(errors="replace") if exc.response.body else ""
-            challenge = exc.response.headers.get("WWW-Authenticate")
-            raise _Refused(self._status_error(what, exc.response.status_code, body[:2000], challenge)) from exc
-        except TimeoutError as exc:
-            raise TransportTimeoutError(f"{what}: no answer within {self._timeout}s") from exc
-        except (OSError, InvalidHandshake, InvalidURI) as exc:
-            raise NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
-        self.subprotocol = socket.subprotocol
-        response = socket.response
-        if response is not None:
-            self.connection_id = protocol.header_value(response.headers.get_all(CONNECTION_HEADER)) or None
-            set_cookies = response.headers.get_all("Set-Cookie")
-            if set_cookies:
-                http_url = "http" + self.endpoint.removeprefix("ws")
-                fake = httpx.Response(
-                    101,
-                    headers=[("set-cookie", value) for value in set_cookies],
-                    request=httpx.Request("GET", http_url),
-                )
-                self.cookies.extract_cookies(fake)
-        return socket
 
     def _attach(self, socket: ClientConnection) -> None:
         self._socket = socket
@@ -241,21 +175,11 @@ class WebSocketTransport(ReconnectingTransport):
     async def _send_numbered(self, socket: ClientConnection, text: str) -> None:
         """Number and keep `text` (a reattach may send it again), then send it. A socket that
         drops meanwhile is handled as a drop: the message goes again after a reattach."""
-        self._sent_count += 1
-        self._retain(self._sent_count, text)
+        self._sent.keep(text)
         try:
             await self._unless_failed(socket.send(text), self._closing)
         except ConnectionClosed as exc:
             self._dropped(socket, exc)
-
-    def _retain(self, number: int, text: str) -> None:
-        self._retained.append((number, text))
-        self._retained_bytes += len(text)
-        while len(self._retained) > 1 and (
-            len(self._retained) > RESEND_WINDOW_MESSAGES or self._retained_bytes > RESEND_WINDOW_BYTES
-        ):
-            _, oldest = self._retained.popleft()
-            self._retained_bytes -= len(oldest)
 
     # ---------------------------------------------------------------------------- receiving
 
@@ -320,7 +244,7 @@ class WebSocketTransport(ReconnectingTransport):
                         self._tell(ReconnectEvent("resumed", WHAT))
                         return
                     error = NetworkError("WebSocket reattach: the new socket closed during the resend")
-                except _Refused as refused:
+                except UpgradeRefused as refused:
                     error = refused.error
                     if error.status_code == 404 and self._restart:
                         await self._restart_connection()
@@ -353,46 +277,19 @@ class WebSocketTransport(ReconnectingTransport):
             raise ProtocolViolationError(f"WebSocket reattach: the 101 has no valid {RECEIVED_HEADER} ({header!r})")
         got = int(header)
         async with self._send_lock:
-            oldest = self._retained[0][0] if self._retained else self._sent_count + 1
-            if got > self._sent_count:
-                await socket.close()
-                raise ProtocolViolationError(
-                    f"WebSocket reattach: the server says it received {got} messages; {self._sent_count} were sent"
-                )
-            if got + 1 < oldest:
-                await socket.close()
-                raise ResumeFailedError(
-                    f"WebSocket reattach: the server received {got} of our {self._sent_count} messages, and "
-                    f"messages {got + 1}-{oldest - 1} are no longer kept to send again (the resend window is "
-                    f"{RESEND_WINDOW_MESSAGES} messages / {RESEND_WINDOW_BYTES} bytes); they were lost"
-                )
-            while self._retained and self._retained[0][0] <= got:
-                _, text = self._retained.popleft()
-                self._retained_bytes -= len(text)
             try:
-                for _, text in self._retained:
+                resend = self._sent.after(got)
+            except TransportError:
+                await socket.close()
+                raise
+            try:
+                for text in resend:
                     await self._unless_failed(socket.send(text), self._closing)
             except ConnectionClosed:
                 return False
             self._attach(socket)
-        logger.debug("WebSocket reattached: %d received, %d of ours sent again", got, self._sent_count - got)
+        logger.debug("WebSocket reattached: %d received, %d of ours sent again", got, self._sent.sent_count - got)
         return True
-
-    async def _refused_after_upgrade(self, socket: ClientConnection) -> None:
-        """A server that cannot refuse an upgrade with a status accepts it and closes with
-        4000 + the status (the text as reason): raise that as `_Refused`. Else close the socket."""
-        try:
-            async with asyncio.timeout(self._timeout):
-                await socket.recv()
-        except ConnectionClosed as closed:
-            code = closed.rcvd.code if closed.rcvd is not None else None
-            if code is not None and REFUSAL_CLOSE_BASE + 100 <= code < REFUSAL_CLOSE_BASE + 600:
-                assert closed.rcvd is not None
-                status = code - REFUSAL_CLOSE_BASE
-                raise _Refused(self._status_error("WebSocket reattach", status, closed.rcvd.reason, None)) from closed
-        except TimeoutError:
-            pass
-        await socket.close()
 
     # ----------------------------------------------------------------------------- restart
 
@@ -417,11 +314,11 @@ class WebSocketTransport(ReconnectingTransport):
 
     async def _connect_again(self) -> None:
         """A plain upgrade, then `initialize` with the caller's params."""
-        self._received_count = self._sent_count = self._retained_bytes = 0
-        self._retained.clear()
+        self._received_count = 0
+        self._sent.clear()
         try:
             socket = await self._open({})
-        except _Refused as refused:
+        except UpgradeRefused as refused:
             raise refused.error from refused
         self._socket = socket
         self._reader = asyncio.create_task(self._read(socket), name="acp-client websocket reader")
