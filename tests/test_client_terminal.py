@@ -18,7 +18,8 @@ import pytest
 from acp.schema import AgentPlanUpdate, PlanEntry, ToolCallProgress, ToolCallStart
 
 from acp_channels.client.errors import HttpStatusError
-from acp_channels.client.terminal import COMMANDS, TerminalClient
+from acp_channels.client.terminal import COMMANDS
+from acp_channels.client.terminal_client import TerminalClient
 from acp_channels.client.terminal_output import Screen, describe_error
 from tests.live import ROOT, DaphneServer
 from tests.peers.fixtures import ts_server

@@ -1,5 +1,6 @@
-"""What the HTTP and WebSocket transports share: the inbox of received frames, the end state,
-and turning a received text into a frame (malformed text becomes a JSON-RPC error object)."""
+"""What the HTTP and WebSocket transports share: the inbox of received frames, the end state
+(failing, closing), and turning a received text into a frame (malformed text becomes a
+JSON-RPC error object). Reconnecting is shared one layer up (reconnect.py)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,19 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 from acp_channels import protocol
 from acp_channels.protocol import Batch, Malformed, MalformedEntry, Single
 
 from .errors import ClientUsageError, HttpStatusError, TransportClosedError, TransportError, status_error
 
-if TYPE_CHECKING:
-    from .reconnect import ReconnectCallback, ReconnectEvent
-
 __all__ = [
     "FrameValue",
     "Inbox",
     "RawFrame",
     "TransportBase",
+    "cancel_and_wait",
     "frame_value_for_send",
     "received",
     "received_value",
@@ -170,8 +169,19 @@ def single_of(value: FrameValue) -> Single | None:
 T = TypeVar("T")
 
 
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any] | None]) -> None:
+    """Cancel every task, then wait until each has ended (whatever it raised)."""
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    for task in running:
+        with contextlib.suppress(BaseException):
+            await task
+
+
 class TransportBase:
-    """The end state both transports share: the inbox, the first fatal error, closing."""
+    """The end state both transports share: the inbox, the first fatal error, closing. A
+    transport says how it fails (`_fail`) and what closing stops (`_shut_down`)."""
 
     #: What a closed transport says when no failure ended it.
     closed_text = "transport is closed"
@@ -184,12 +194,8 @@ class TransportBase:
         max_message_size: int,
         *,
         secrets: Iterable[str] = (),
-        on_reconnect: ReconnectCallback | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self._on_reconnect = on_reconnect
-        #: Streams (or the socket) being reconnected right now, by name.
-        self._reconnecting: set[str] = set()
         self.connection_id: str | None = None
         self._headers = dict(headers or {})
         secrets = tuple(secrets)
@@ -202,31 +208,13 @@ class TransportBase:
         self.error: TransportError | None = None
         self._failed = asyncio.Event()
         self._close_started = False
+        #: Set when close() starts: cuts short what waits for the server.
+        self._closing = asyncio.Event()
+        self._close_done = asyncio.Event()
 
     @property
     def closed(self) -> bool:
         return self._close_started or self.error is not None
-
-    @property
-    def reconnecting(self) -> bool:
-        """A stream or the socket dropped and is being reconnected (or the connection restarted)."""
-        return bool(self._reconnecting)
-
-    def _tell(self, event: ReconnectEvent, logger: logging.Logger) -> None:
-        """Log `event` and hand it to the `on_reconnect` callback (whose failures are only logged)."""
-        if event.kind == "reconnecting":
-            self._reconnecting.add(event.what)
-        elif event.kind in ("resumed", "gave-up"):
-            self._reconnecting.discard(event.what)
-        else:
-            self._reconnecting.clear()
-        level = logging.WARNING if event.kind in ("restarted", "gave-up") else logging.INFO
-        logger.log(level, "%s", self.redact(str(event)))
-        if self._on_reconnect is not None:
-            try:
-                self._on_reconnect(event)
-            except Exception:
-                logger.exception("the on_reconnect callback failed")
 
     async def wait_failed(self) -> TransportError:
         """Wait until the transport fails; returns the error."""
@@ -286,6 +274,15 @@ class TransportBase:
             return error
         return TransportClosedError(self.closed_text)
 
+    def _raise_if_unusable(self) -> None:
+        self._raise_if_failed()
+        if self._close_started:
+            raise TransportClosedError("transport is closed")
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self._closed_error()
+
     def _record_failure(self, error: TransportError, logger: logging.Logger) -> bool:
         """Make `error` the end of the transport; False when it already ended (first one wins).
         The caller stops its own work, then ends the inbox."""
@@ -295,3 +292,24 @@ class TransportBase:
         logger.debug("ACP %s transport failed: %s", type(self).__name__, error)
         self._failed.set()
         return True
+
+    def _fail(self, error: TransportError) -> TransportError:
+        """Make `error` the end of the transport (the first one wins, see `_record_failure`) and
+        stop its work; returns `error`, for raising."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Close the transport (see `_shut_down`); a second call waits for the first to finish."""
+        if self._close_started:
+            await self._close_done.wait()
+            return
+        self._close_started = True
+        self._closing.set()
+        try:
+            await self._shut_down()
+        finally:
+            self._close_done.set()
+
+    async def _shut_down(self) -> None:
+        """What closing does: stop the transport's work, tell the server, end the inbox."""
+        raise NotImplementedError

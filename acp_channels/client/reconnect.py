@@ -5,43 +5,37 @@
   bounded time since the drop;
 * `ReconnectEvent`, what `HttpClient(on_reconnect=...)` is told (reconnecting, resumed,
   restarted, gave up), so a terminal or a log can say so;
-* `ResumeSupport`, what the server advertised in `initialize`'s `result._meta`;
-* `SessionLedger`, what a restart needs: the `initialize` params, the sessions the client has
-  open (and how to `session/load` them), the requests still unanswered.
+* `ReconnectingTransport`, the layer both transports build on: asking the policy, telling the
+  caller, and restarting a connection the server forgot (with the `SessionLedger`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
 from acp_channels import protocol
 
-from ._base import FrameValue
-from .errors import TransportError
+from ._base import FrameValue, TransportBase
+from .errors import TransportError, TransportTimeoutError
+from .session_ledger import SessionLedger, intercepted, restart_error
 
 __all__ = [
     "DEFAULT_BACKOFF",
-    "RESUME_META_KEY",
     "Backoff",
     "ReconnectCallback",
     "ReconnectEvent",
     "ReconnectPolicy",
-    "ResumeSupport",
-    "SessionLedger",
+    "ReconnectingTransport",
     "StreamDrop",
+    "gone_detail",
 ]
 
-#: The key of `initialize`'s `result._meta` under which the server advertises resuming.
-RESUME_META_KEY: Final = "acp-channels/resume"
-#: Where a restart's own requests are told apart from the caller's (their ids start with it).
-PRIVATE_ID_PREFIX: Final = "acp-channels/restart/"
-#: `data.acpChannels` of the error a restart answers each unanswered request with.
-RESTART_ERROR_DATA: Final = "connection-restarted"
-#: Methods whose successful reply means the session is open on this connection.
-_OPENING_METHODS: Final = frozenset({"session/new", "session/load", "session/resume", "session/fork"})
+logger = logging.getLogger("acp_channels.client")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,198 +150,137 @@ class ReconnectEvent:
 ReconnectCallback: TypeAlias = Callable[[ReconnectEvent], None]
 
 
-@dataclass(frozen=True, slots=True)
-class ResumeSupport:
-    """`result._meta["acp-channels/resume"]` of the initialize reply (absent: all False)."""
-
-    sse: bool = False
-    websocket: bool = False
-
-    @classmethod
-    def of_initialize_result(cls, result: Any) -> ResumeSupport:
-        meta = result.get("_meta") if isinstance(result, dict) else None
-        advertised = meta.get(RESUME_META_KEY) if isinstance(meta, dict) else None
-        if not isinstance(advertised, dict):
-            return cls()
-        return cls(sse=advertised.get("sse") is True, websocket=advertised.get("websocket") is True)
-
-
-def event_position(event_id: str) -> tuple[str, int] | None:
-    """(tag, seq) of an SSE id of our server's form `<tag>-<seq>`; None for any other id (then
-    it is only echoed back, never compared)."""
-    tag, dash, seq = event_id.rpartition("-")
-    if not dash or not seq.isascii() or not seq.isdigit():
-        return None
-    return tag, int(seq)
-
-
 def gone_detail(connection_id: str | None, refusal: str) -> str:
     """Why a 404 to a resume is fatal, for `ResumeRefusedError`."""
     return f"connection {connection_id} is gone on the server (ended, or forgotten); not restarting: {refusal}"
 
 
-def restart_error(request_id: Any) -> protocol.Message:
-    """The answer to a request the old connection never answered."""
-    return protocol.error_response(
-        request_id,
-        protocol.INTERNAL_ERROR,
-        "the connection was lost and a new one started; this request was not answered",
-        {"acpChannels": RESTART_ERROR_DATA},
-    )
+class ReconnectingTransport(TransportBase):
+    """What both transports do when their connection breaks: ask the `ReconnectPolicy` when to
+    retry, tell the `on_reconnect` callback, and restart a connection the server forgot. A
+    transport says how it connects again (`_connect_again`) and sends a restart's own request
+    (`_send_private`); the rest of a restart is the same over both."""
 
+    def __init__(
+        self,
+        endpoint: str,
+        headers: Mapping[str, str] | None,
+        timeout: float | None,
+        max_message_size: int,
+        *,
+        secrets: Iterable[str],
+        reconnect: ReconnectPolicy | None,
+        restart: bool,
+        on_reconnect: ReconnectCallback | None,
+    ) -> None:
+        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets)
+        self._reconnect = reconnect
+        self._restart = restart
+        self._on_reconnect = on_reconnect
+        #: Streams (or the socket) being reconnected right now, by name.
+        self._reconnecting: set[str] = set()
+        self._ledger = SessionLedger()
+        #: Sessions a restart is loading: their replayed history is not delivered again.
+        self._loading: set[str] = set()
+        #: Waiters for the replies to a restart's own requests, by id.
+        self._private_replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
-@dataclass
-class _SessionParams:
-    cwd: Any
-    mcp_servers: Any
+    @property
+    def reconnecting(self) -> bool:
+        """A stream or the socket dropped and is being reconnected (or the connection restarted)."""
+        return bool(self._reconnecting)
 
+    def _tell(self, event: ReconnectEvent) -> None:
+        """Log `event` and hand it to the `on_reconnect` callback (whose failures are only logged)."""
+        if event.kind == "reconnecting":
+            self._reconnecting.add(event.what)
+        elif event.kind in ("resumed", "gave-up"):
+            self._reconnecting.discard(event.what)
+        else:
+            self._reconnecting.clear()
+        level = logging.WARNING if event.kind in ("restarted", "gave-up") else logging.INFO
+        logger.log(level, "%s", self.redact(str(event)))
+        if self._on_reconnect is not None:
+            try:
+                self._on_reconnect(event)
+            except Exception:
+                logger.exception("the on_reconnect callback failed")
 
-@dataclass
-class SessionLedger:
-    """Watches a transport's traffic for what a restart needs (both transports feed it)."""
+    def _policy_delay(self, drop: StreamDrop) -> float | None:
+        """Seconds before retry `drop.attempt` (told as "reconnecting"), or None: the policy gives up."""
+        assert self._reconnect is not None
+        delay = self._reconnect(drop)
+        if delay is not None:
+            self._tell(ReconnectEvent("reconnecting", drop.what, drop.error, drop.attempt, delay))
+        return delay
 
-    initialize_params: Any = None
-    initialize_id: Any = None
-    load_session: bool = False
-    """The agent advertised `agentCapabilities.loadSession`."""
-    resume: ResumeSupport = field(default_factory=ResumeSupport)
-    initialized: bool = False
-    sessions: dict[str, _SessionParams] = field(default_factory=dict)
-    _opening: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
-    _closing: dict[str, str] = field(default_factory=dict)
-    _outstanding: dict[str, Any] = field(default_factory=dict)
-    #: Agent requests the caller has not answered yet, and those of a replaced connection.
-    _asked: set[str] = field(default_factory=set)
-    _stale_asked: set[str] = field(default_factory=set)
-    _next_private: int = 0
+    def _give_up(self, what: str, error: TransportError, attempt: int = 0) -> None:
+        """Fail with `error`, telling the caller that reconnecting `what` stopped."""
+        if not self.closed:
+            self._tell(ReconnectEvent("gave-up", what, error, attempt))
+        self._fail(error)
 
-    def sent(self, value: FrameValue) -> None:
-        """The caller sent `value` (a message or a batch)."""
-        for message in _messages_of(value):
-            method = message.get("method")
-            if method is None and "id" in message:
-                self._asked.discard(protocol.id_key(message["id"]))
-                continue
-            if not isinstance(method, str) or "id" not in message or message["id"] is None:
-                continue
-            key = protocol.id_key(message["id"])
-            self._outstanding[key] = message["id"]
-            params = message.get("params")
-            if method == protocol.INITIALIZE_METHOD:
-                self.initialize_params, self.initialize_id = params, message["id"]
-            elif method in _OPENING_METHODS and isinstance(params, dict):
-                self._opening[key] = (method, params)
-            elif method == "session/close" and isinstance(params, dict) and isinstance(params.get("sessionId"), str):
-                self._closing[key] = params["sessionId"]
+    def _intercepted(self, value: FrameValue) -> bool:
+        """Whether a received frame is a restart's own (see `intercepted`), not the caller's."""
+        return intercepted(value, self._private_replies, self._loading)
 
-    def received(self, value: FrameValue) -> None:
-        """The agent sent `value`: replies settle what they answer."""
-        for message in _messages_of(value):
-            if "id" not in message or message["id"] is None:
-                continue
-            key = protocol.id_key(message["id"])
-            if "method" in message:
-                self._asked.add(key)
-                continue
-            self._outstanding.pop(key, None)
-            result = message.get("result")
-            succeeded = "error" not in message
-            if self.initialize_id is not None and key == protocol.id_key(self.initialize_id) and succeeded:
-                self.initialized = True
-                self._note_initialize_result(result)
-            opening = self._opening.pop(key, None)
-            if opening is not None and succeeded:
-                method, params = opening
-                session_id = result.get("sessionId") if isinstance(result, dict) else None
-                if method in ("session/load", "session/resume"):
-                    session_id = params.get("sessionId")
-                if isinstance(session_id, str):
-                    self.sessions[session_id] = _SessionParams(params.get("cwd"), params.get("mcpServers", []))
-            closing = self._closing.pop(key, None)
-            if closing is not None and succeeded:
-                self.sessions.pop(closing, None)
+    async def _restart_in_place(self, what: str, previous: str | None) -> ReconnectEvent:
+        """A new connection in place of `previous`, which the server forgot; the caller holds
+        the transport's send locks. Every request still unanswered is answered with an error,
+        the transport connects and initializes again with the same params, and every open
+        session is `session/load`ed. Returns the event to tell once the locks are released."""
+        failed = self._ledger.take_outstanding()
+        for request_id in failed:
+            self._inbox.put(restart_error(request_id))
+        await self._connect_again()
+        loaded: list[str] = []
+        lost: list[tuple[str, str]] = []
+        for session_id in list(self._ledger.sessions):
+            message = self._ledger.load_request(session_id)
+            self._loading.add(session_id)
+            try:
+                reply = await self._private_call(message)
+            finally:
+                self._loading.discard(session_id)
+            if "error" in reply:
+                error = reply["error"]
+                lost.append((session_id, str(error.get("message", error) if isinstance(error, dict) else error)))
+                del self._ledger.sessions[session_id]
+            else:
+                loaded.append(session_id)
+        return ReconnectEvent(
+            "restarted",
+            what,
+            connection_id=self.connection_id,
+            previous_connection_id=previous,
+            sessions_loaded=tuple(loaded),
+            sessions_lost=tuple(lost),
+            requests_failed=len(failed),
+        )
 
-    def _note_initialize_result(self, result: Any) -> None:
-        self.resume = ResumeSupport.of_initialize_result(result)
-        capabilities = result.get("agentCapabilities") if isinstance(result, dict) else None
-        self.load_session = isinstance(capabilities, dict) and capabilities.get("loadSession") is True
+    async def _private_call(self, message: protocol.Message) -> dict[str, Any]:
+        """Send a request of the restart's own and wait for its reply (kept from the caller)."""
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._private_replies[message["id"]] = waiter
+        try:
+            answered = await self._send_private(message)
+            if answered is not None:
+                return answered
+            try:
+                async with asyncio.timeout(self._timeout):
+                    return await self._unless_failed(asyncio.shield(waiter), self._closing)
+            except TimeoutError as exc:
+                raise TransportTimeoutError(
+                    f"restart: no answer to {message['method']} within {self._timeout:g}s"
+                ) from exc
+        finally:
+            self._private_replies.pop(message["id"], None)
 
-    def take_outstanding(self) -> list[Any]:
-        """For a restart: ids of the caller's requests still unanswered (then forgotten); the
-        agent's unanswered requests become stale (see `stale_answer`)."""
-        taken = list(self._outstanding.values())
-        self._outstanding.clear()
-        self._opening.clear()
-        self._closing.clear()
-        self._stale_asked |= self._asked
-        self._asked.clear()
-        return taken
+    async def _connect_again(self) -> None:
+        """A restart's new connection, initialized with the ledger's `initialize` params."""
+        raise NotImplementedError
 
-    def stale_answer(self, value: FrameValue) -> bool:
-        """`value` answers a request of a connection a restart replaced (nobody waits for it)."""
-        if not isinstance(value, dict) or "method" in value or "id" not in value:
-            return False
-        key = protocol.id_key(value["id"])
-        if key in self._asked or key not in self._stale_asked:
-            return False
-        self._stale_asked.discard(key)
-        return True
-
-    def private_id(self) -> str:
-        self._next_private += 1
-        return f"{PRIVATE_ID_PREFIX}{self._next_private}"
-
-    def restart_refusal(self) -> str | None:
-        """Why a restart cannot be done, or None."""
-        if not self.initialized:
-            return "the connection was never initialized"
-        if self.sessions and not self.load_session:
-            return "the agent does not advertise agentCapabilities.loadSession, so its sessions cannot be loaded"
-        return None
-
-    def load_request(self, session_id: str) -> protocol.Message:
-        params = self.sessions[session_id]
-        load_params = {"sessionId": session_id, "cwd": params.cwd, "mcpServers": params.mcp_servers}
-        return {"jsonrpc": "2.0", "id": self.private_id(), "method": "session/load", "params": load_params}
-
-    def initialize_request(self) -> protocol.Message:
-        message: protocol.Message = {"jsonrpc": "2.0", "id": self.private_id(), "method": "initialize"}
-        if self.initialize_params is not None:
-            message["params"] = self.initialize_params
-        return message
-
-
-def is_private_reply(value: FrameValue) -> bool:
-    return (
-        isinstance(value, dict)
-        and "method" not in value
-        and isinstance(value.get("id"), str)
-        and value["id"].startswith(PRIVATE_ID_PREFIX)
-    )
-
-
-def replayed_update_of(value: FrameValue, loading: set[str] | frozenset[str]) -> bool:
-    """A `session/update` of a session being loaded by a restart (its history, already seen)."""
-    if not loading or not isinstance(value, dict) or value.get("method") != "session/update":
-        return False
-    params = value.get("params")
-    return isinstance(params, dict) and params.get("sessionId") in loading
-
-
-def _messages_of(value: FrameValue) -> list[dict[str, Any]]:
-    if isinstance(value, dict):
-        return [value]
-    return [entry for entry in value if isinstance(entry, dict)]
-
-
-def intercepted(value: FrameValue, private_replies: dict[str, Any], loading: set[str] | frozenset[str]) -> bool:
-    """Whether a received frame is for the transport, not its caller: a reply to a request a
-    restart sent itself (its waiter gets it), or history a restart's session/load replays (the
-    caller has seen it)."""
-    if is_private_reply(value):
-        assert isinstance(value, dict)
-        waiter = private_replies.pop(value["id"], None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(value)
-        return True
-    return replayed_update_of(value, loading)
+    async def _send_private(self, message: protocol.Message) -> dict[str, Any] | None:
+        """Send a restart's own request; its reply when the answer to the sending carried it,
+        else None (it arrives as a received frame, see `_intercepted`)."""
+        raise NotImplementedError

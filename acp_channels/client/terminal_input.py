@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import os
 import threading
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.formatted_text import FormattedText
@@ -23,10 +24,21 @@ from prompt_toolkit.patch_stdout import patch_stdout
 
 from .terminal_output import Screen
 
-__all__ = ["INTERRUPTED", "Input", "LineReader", "PlainInput", "TerminalInput", "default_history_path"]
+__all__ = [
+    "CANCELLED",
+    "INTERRUPTED",
+    "Input",
+    "LineReader",
+    "PlainInput",
+    "TerminalInput",
+    "default_history_path",
+    "line_or_cancelled",
+]
 
 #: What `Input.read` returns for Ctrl-C typed at a prompt_toolkit prompt.
 INTERRUPTED = object()
+#: What `line_or_cancelled` returns when the wait was cut short.
+CANCELLED = object()
 
 
 class Input(Protocol):
@@ -161,3 +173,19 @@ class LineReader:
         if line is None:
             self._lines.put_nowait(None)  # EOF stays EOF
         return line
+
+
+async def line_or_cancelled(line: Awaitable[Any], cancelled: Awaitable[Any]) -> Any:
+    """The line, or `CANCELLED` if `cancelled` finishes first (the turn was cancelled, or the
+    connection failed)."""
+    reading = asyncio.ensure_future(line)
+    waiting = asyncio.ensure_future(cancelled)
+    try:
+        done, _ = await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+        if not reading.done():
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading  # a prompt_toolkit prompt puts the terminal back first
+    return reading.result() if reading in done else CANCELLED

@@ -15,16 +15,27 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TextIO
 
+import acp
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
 
-from .errors import HttpStatusError, NetworkError
-from .http_client import shown_url
+from .errors import AuthenticationError, HttpStatusError, NetworkError
+from .http_client import HttpClient, shown_url
+from .reconnect import ReconnectEvent
 
-__all__ = ["STATUS_STYLES", "Marks", "Screen", "describe_error", "elapsed"]
+__all__ = [
+    "STATUS_STYLES",
+    "Marks",
+    "ReconnectNotices",
+    "Screen",
+    "describe_error",
+    "describe_request_error",
+    "elapsed",
+    "refusal_hint",
+]
 
 #: The longest reason taken from a server's error body (the rest is cut with "…").
 REASON_LIMIT = 160
@@ -275,3 +286,55 @@ def _row_offsets(text: str, width: int) -> Iterator[int]:
             yield index
             used = 0
         used += size
+
+
+class ReconnectNotices:
+    """Tells the terminal user about drops: "reconnecting…" once per outage, then how it ended."""
+
+    def __init__(self, screen: Screen) -> None:
+        self.screen = screen
+        self.transport: HttpClient | None = None
+        self._shown = False
+
+    def __call__(self, event: ReconnectEvent) -> None:
+        if event.kind == "reconnecting":
+            if not self._shown:
+                self._shown = True
+                self.screen.line(f"[reconnecting…] {event.what}: {describe_error(event.error)}", style="yellow")
+        elif event.kind == "resumed":
+            if self._shown and (self.transport is None or not self.transport.reconnecting):
+                self._shown = False
+                self.screen.line("[resumed] nothing was lost", style="green")
+        elif event.kind == "restarted":
+            self._shown = False
+            self.screen.line(f"[{event}]", style="yellow")
+        else:
+            self._shown = False
+            self.screen.line(f"[gave up] {describe_error(event.error)}", style="red")
+
+
+def describe_request_error(error: acp.RequestError) -> str:
+    """`demo failure (-32603)`, with the details when they add something."""
+    message = str(error) or "request failed"
+    data = error.data
+    details = data.get("details") if isinstance(data, dict) else data
+    extra = f": {details}" if details and str(details) != message else ""
+    return f"{message} ({error.code}){extra}"
+
+
+def refusal_hint(error: AuthenticationError, kind: str) -> str:
+    """What to do about a 401/403, in a line."""
+    if not error.credentials_sent and error.status_code == 401:
+        return "The server requires authentication: set ACP_TOKEN (or pass --token)."
+    if not error.credentials_sent and kind == "ws":
+        # Servers such as daphne refuse any WebSocket upgrade with 403, a wrong path too.
+        return (
+            "The server refused the WebSocket (403): it requires authentication "
+            "(set ACP_TOKEN or pass --token), or the URL is wrong."
+        )
+    if error.status_code == 401:
+        return "The server refused the token: check ACP_TOKEN or --token."
+    if kind == "ws":
+        # Servers such as daphne can refuse a WebSocket upgrade only with 403.
+        return "The server refused the WebSocket (403): the token is wrong or not allowed here."
+    return "The server refused access (403): these credentials are not allowed here."

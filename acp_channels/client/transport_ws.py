@@ -22,51 +22,37 @@ with 1001 (going away) or 1012 (service restart), is reattached.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import ssl
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import httpx
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
 from acp_channels import protocol
-from acp_channels.protocol import CONNECTION_HEADER
 
-from ._base import FrameValue, TransportBase, frame_value_for_send, received
+from ._base import FrameValue, cancel_and_wait, frame_value_for_send, received
 from .errors import (
-    HttpStatusError,
     NetworkError,
     ProtocolViolationError,
     ReconnectGaveUpError,
     ResumeFailedError,
     ResumeRefusedError,
-    TransportClosedError,
     TransportError,
-    TransportTimeoutError,
     WebSocketClosedError,
 )
-from .reconnect import (
-    ReconnectCallback,
-    ReconnectEvent,
-    ReconnectPolicy,
-    SessionLedger,
-    StreamDrop,
-    gone_detail,
-    intercepted,
-    restart_error,
-)
+from .reconnect import ReconnectCallback, ReconnectEvent, ReconnectPolicy, StreamDrop, gone_detail
+from .resend_window import ResendWindow
 from .tls import tls_context
+from .ws_upgrade import UpgradeRefused, WebSocketUpgrade
 
 __all__ = ["RESEND_WINDOW_BYTES", "RESEND_WINDOW_MESSAGES", "WebSocketTransport"]
 
 logger = logging.getLogger("acp_channels.client")
-
-T = TypeVar("T")
 
 #: Sent messages kept for a reattach to send again (the oldest go first; the last one is always kept).
 RESEND_WINDOW_MESSAGES: Final = 4096
@@ -78,20 +64,11 @@ _RESUMABLE_CLOSE_CODES: Final = frozenset({1001, 1012})
 #: Upgrade statuses worth another try (a busy or restarting server or balancer).
 _RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 WHAT: Final = "WebSocket"
-#: A server that cannot answer an upgrade with an HTTP status refuses a reattach by closing the
-#: accepted socket with this + the status (docs/resumable-streams.md).
-REFUSAL_CLOSE_BASE: Final = 4000
 
 
-class _Refused(Exception):
-    """An upgrade answered with a status instead of 101."""
-
-    def __init__(self, error: HttpStatusError) -> None:
-        self.error = error
-
-
-class WebSocketTransport(TransportBase):
-    """One WebSocket. Use it through `HttpClient`."""
+class WebSocketTransport(WebSocketUpgrade):
+    """One WebSocket. Use it through `HttpClient`. Its layers: the upgrade (ws_upgrade),
+    reconnecting and restarting (reconnect); here, sending, reading and reattaching."""
 
     kind: Final = "ws"
 
@@ -111,33 +88,31 @@ class WebSocketTransport(TransportBase):
         on_reconnect: ReconnectCallback | None = None,
         verify: ssl.SSLContext | str | bool = True,
     ) -> None:
-        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets, on_reconnect=on_reconnect)
-        #: wss:// only: the TLS context checking the server (None: websockets' default).
+        super().__init__(
+            endpoint,
+            headers,
+            timeout,
+            max_message_size,
+            secrets=secrets,
+            reconnect=reconnect,
+            restart=restart,
+            on_reconnect=on_reconnect,
+        )
         self._ssl = tls_context(verify) if endpoint.startswith("wss:") and verify is not True else None
         self._ping_interval = ping_interval
         self._subprotocols = [Subprotocol(name) for name in subprotocols]
-        #: The subprotocol the server chose (None: it chose none).
-        self.subprotocol: str | None = None
+        self.subprotocol = None
         self.cookies = httpx.Cookies(cookies)
-        self._reconnect = reconnect
-        self._restart = restart
-        self._ledger = SessionLedger()
         self._socket: ClientConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._send_lock = asyncio.Lock()
         self._attached = asyncio.Event()  # a socket is up and every retained message was resent
-        self._closing = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._reattach_task: asyncio.Task[None] | None = None
-        self._close_done = asyncio.Event()
         #: The first 101 named the connection: a reattach can name it too.
         self._named = False
         self._received_count = 0
-        self._sent_count = 0
-        self._retained: collections.deque[tuple[int, str]] = collections.deque()
-        self._retained_bytes = 0
-        self._loading: set[str] = set()
-        self._private_replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._sent = ResendWindow(RESEND_WINDOW_MESSAGES, RESEND_WINDOW_BYTES)
         self._restarting = False
 
     @property
@@ -147,7 +122,7 @@ class WebSocketTransport(TransportBase):
 
     @property
     def sent_count(self) -> int:
-        return self._sent_count
+        return self._sent.sent_count
 
     # --------------------------------------------------------------------------- the socket
 
@@ -160,56 +135,12 @@ class WebSocketTransport(TransportBase):
             self._raise_if_unusable()
             try:
                 socket = await self._open({})
-            except _Refused as refused:
+            except UpgradeRefused as refused:
                 raise self._fail(refused.error) from refused
             except TransportError as exc:
                 raise self._fail(exc) from exc
             self._named = self.connection_id is not None
             self._attach(socket)
-
-    async def _open(self, extra_headers: dict[str, str]) -> ClientConnection:
-        """A new socket; raises `_Refused` for a non-101 status, a `TransportError` otherwise.
-        Records the connection id and cookies of the 101."""
-        headers = {**self._headers, **extra_headers}
-        cookie_header = "; ".join(f"{name}={value}" for name, value in self.cookies.items())
-        if cookie_header and not any(name.lower() == "cookie" for name in headers):
-            headers["Cookie"] = cookie_header
-        what = "WebSocket reattach" if extra_headers else "WebSocket upgrade"
-        tls_option: dict[str, Any] = {} if self._ssl is None else {"ssl": self._ssl}
-        try:
-            socket = await connect(
-                self.endpoint,
-                additional_headers=headers,
-                user_agent_header="acp-channels-client",
-                open_timeout=self._timeout,
-                close_timeout=self._timeout,
-                max_size=self._max_message_size,
-                ping_interval=self._ping_interval,
-                subprotocols=self._subprotocols or None,
-                **tls_option,
-            )
-        except InvalidStatus as exc:
-            body = exc.response.body.decode(errors="replace") if exc.response.body else ""
-            challenge = exc.response.headers.get("WWW-Authenticate")
-            raise _Refused(self._status_error(what, exc.response.status_code, body[:2000], challenge)) from exc
-        except TimeoutError as exc:
-            raise TransportTimeoutError(f"{what}: no answer within {self._timeout}s") from exc
-        except (OSError, InvalidHandshake, InvalidURI) as exc:
-            raise NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
-        self.subprotocol = socket.subprotocol
-        response = socket.response
-        if response is not None:
-            self.connection_id = protocol.header_value(response.headers.get_all(CONNECTION_HEADER)) or None
-            set_cookies = response.headers.get_all("Set-Cookie")
-            if set_cookies:
-                http_url = "http" + self.endpoint.removeprefix("ws")
-                fake = httpx.Response(
-                    101,
-                    headers=[("set-cookie", value) for value in set_cookies],
-                    request=httpx.Request("GET", http_url),
-                )
-                self.cookies.extract_cookies(fake)
-        return socket
 
     def _attach(self, socket: ClientConnection) -> None:
         self._socket = socket
@@ -244,21 +175,11 @@ class WebSocketTransport(TransportBase):
     async def _send_numbered(self, socket: ClientConnection, text: str) -> None:
         """Number and keep `text` (a reattach may send it again), then send it. A socket that
         drops meanwhile is handled as a drop: the message goes again after a reattach."""
-        self._sent_count += 1
-        self._retain(self._sent_count, text)
+        self._sent.keep(text)
         try:
             await self._unless_failed(socket.send(text), self._closing)
         except ConnectionClosed as exc:
             self._dropped(socket, exc)
-
-    def _retain(self, number: int, text: str) -> None:
-        self._retained.append((number, text))
-        self._retained_bytes += len(text)
-        while len(self._retained) > 1 and (
-            len(self._retained) > RESEND_WINDOW_MESSAGES or self._retained_bytes > RESEND_WINDOW_BYTES
-        ):
-            _, oldest = self._retained.popleft()
-            self._retained_bytes -= len(oldest)
 
     # ---------------------------------------------------------------------------- receiving
 
@@ -275,7 +196,7 @@ class WebSocketTransport(TransportBase):
                 self._dropped(socket, exc)
 
     def _take(self, value: FrameValue, exact: str | None) -> None:
-        if intercepted(value, self._private_replies, self._loading):
+        if self._intercepted(value):
             return
         self._ledger.received(value)
         self._inbox.put(value, exact)
@@ -311,33 +232,34 @@ class WebSocketTransport(TransportBase):
                 attempt += 1
                 elapsed = loop.time() - dropped_at
                 drop = StreamDrop(None, attempt, error, str(self._received_count), elapsed, WHAT)
-                delay = self._reconnect(drop)
+                delay = self._policy_delay(drop)
                 if delay is None:
-                    self._give_up(error if attempt == 1 else ReconnectGaveUpError(WHAT, attempt - 1, elapsed, error))
+                    gave_up = error if attempt == 1 else ReconnectGaveUpError(WHAT, attempt - 1, elapsed, error)
+                    self._give_up(WHAT, gave_up)
                     return
-                self._tell(ReconnectEvent("reconnecting", WHAT, error, attempt, delay), logger)
                 if delay > 0:
                     await asyncio.sleep(delay)
                 try:
                     if await self._reattach_once():
-                        self._tell(ReconnectEvent("resumed", WHAT), logger)
+                        self._tell(ReconnectEvent("resumed", WHAT))
                         return
                     error = NetworkError("WebSocket reattach: the new socket closed during the resend")
-                except _Refused as refused:
+                except UpgradeRefused as refused:
                     error = refused.error
                     if error.status_code == 404 and self._restart:
                         await self._restart_connection()
                         return
                     if error.status_code in (404, 409):
                         detail = gone_detail(self.connection_id, "restart is off") if error.status_code == 404 else ""
-                        self._give_up(ResumeRefusedError(error.request, error.status_code, error.body, detail=detail))
+                        refused_error = ResumeRefusedError(error.request, error.status_code, error.body, detail=detail)
+                        self._give_up(WHAT, refused_error)
                         return
                     if error.status_code not in _RETRY_STATUSES:
-                        self._give_up(error)
+                        self._give_up(WHAT, error)
                         return
                 except TransportError as exc:
                     if isinstance(exc, ResumeFailedError | ProtocolViolationError):
-                        self._give_up(exc)
+                        self._give_up(WHAT, exc)
                         return
                     error = exc
         finally:
@@ -355,130 +277,63 @@ class WebSocketTransport(TransportBase):
             raise ProtocolViolationError(f"WebSocket reattach: the 101 has no valid {RECEIVED_HEADER} ({header!r})")
         got = int(header)
         async with self._send_lock:
-            oldest = self._retained[0][0] if self._retained else self._sent_count + 1
-            if got > self._sent_count:
-                await socket.close()
-                raise ProtocolViolationError(
-                    f"WebSocket reattach: the server says it received {got} messages; {self._sent_count} were sent"
-                )
-            if got + 1 < oldest:
-                await socket.close()
-                raise ResumeFailedError(
-                    f"WebSocket reattach: the server received {got} of our {self._sent_count} messages, and "
-                    f"messages {got + 1}-{oldest - 1} are no longer kept to send again (the resend window is "
-                    f"{RESEND_WINDOW_MESSAGES} messages / {RESEND_WINDOW_BYTES} bytes); they were lost"
-                )
-            while self._retained and self._retained[0][0] <= got:
-                _, text = self._retained.popleft()
-                self._retained_bytes -= len(text)
             try:
-                for _, text in self._retained:
+                resend = self._sent.after(got)
+            except TransportError:
+                await socket.close()
+                raise
+            try:
+                for text in resend:
                     await self._unless_failed(socket.send(text), self._closing)
             except ConnectionClosed:
                 return False
             self._attach(socket)
-        logger.debug("WebSocket reattached: %d received, %d of ours sent again", got, self._sent_count - got)
+        logger.debug("WebSocket reattached: %d received, %d of ours sent again", got, self._sent.sent_count - got)
         return True
-
-    async def _refused_after_upgrade(self, socket: ClientConnection) -> None:
-        """A server that cannot refuse an upgrade with a status accepts it and closes with
-        4000 + the status (the text as reason): raise that as `_Refused`. Else close the socket."""
-        try:
-            async with asyncio.timeout(self._timeout):
-                await socket.recv()
-        except ConnectionClosed as closed:
-            code = closed.rcvd.code if closed.rcvd is not None else None
-            if code is not None and REFUSAL_CLOSE_BASE + 100 <= code < REFUSAL_CLOSE_BASE + 600:
-                assert closed.rcvd is not None
-                status = code - REFUSAL_CLOSE_BASE
-                raise _Refused(self._status_error("WebSocket reattach", status, closed.rcvd.reason, None)) from closed
-        except TimeoutError:
-            pass
-        await socket.close()
-
-    def _give_up(self, error: TransportError) -> None:
-        if not self.closed:
-            self._tell(ReconnectEvent("gave-up", WHAT, error), logger)
-        self._fail(error)
 
     # ----------------------------------------------------------------------------- restart
 
     async def _restart_connection(self) -> None:
-        """A new connection in place of the one the server forgot: a plain upgrade, initialize
-        with the same params, `session/load` every open session."""
+        """A new connection in place of the one the server forgot (see `_restart_in_place`)."""
         previous = self.connection_id
         refusal = self._ledger.restart_refusal()
         if refusal is not None:
             detail = gone_detail(self.connection_id, refusal)
-            self._give_up(ResumeRefusedError("WebSocket reattach", 404, detail=detail))
+            self._give_up(WHAT, ResumeRefusedError("WebSocket reattach", 404, detail=detail))
             return
         self._restarting = True
         try:
             async with self._send_lock:
-                failed = self._ledger.take_outstanding()
-                for request_id in failed:
-                    self._inbox.put(restart_error(request_id))
-                self._received_count = self._sent_count = self._retained_bytes = 0
-                self._retained.clear()
-                try:
-                    socket = await self._open({})
-                except _Refused as refused:
-                    raise refused.error from refused
-                self._socket = socket
-                self._reader = asyncio.create_task(self._read(socket), name="acp-client websocket reader")
-                reply = await self._private_call(socket, self._ledger.initialize_request())
-                if "error" in reply:
-                    raise ResumeFailedError(f"restart: the new connection's initialize failed: {reply['error']}")
-                self._ledger.initialize_id = None
-                self._ledger.received(reply)
-                loaded: list[str] = []
-                lost: list[tuple[str, str]] = []
-                for session_id in list(self._ledger.sessions):
-                    self._loading.add(session_id)
-                    try:
-                        reply = await self._private_call(socket, self._ledger.load_request(session_id))
-                    finally:
-                        self._loading.discard(session_id)
-                    if "error" in reply:
-                        error = reply["error"]
-                        lost.append(
-                            (session_id, str(error.get("message", error) if isinstance(error, dict) else error))
-                        )
-                        del self._ledger.sessions[session_id]
-                    else:
-                        loaded.append(session_id)
+                event = await self._restart_in_place(WHAT, previous)
                 self._attached.set()
-            self._tell(
-                ReconnectEvent(
-                    "restarted",
-                    WHAT,
-                    connection_id=self.connection_id,
-                    previous_connection_id=previous,
-                    sessions_loaded=tuple(loaded),
-                    sessions_lost=tuple(lost),
-                    requests_failed=len(failed),
-                ),
-                logger,
-            )
+            self._tell(event)
         except TransportError as exc:
-            self._give_up(exc)
+            self._give_up(WHAT, exc)
         finally:
             self._restarting = False
 
-    async def _private_call(self, socket: ClientConnection, message: dict[str, Any]) -> dict[str, Any]:
-        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._private_replies[message["id"]] = waiter
+    async def _connect_again(self) -> None:
+        """A plain upgrade, then `initialize` with the caller's params."""
+        self._received_count = 0
+        self._sent.clear()
         try:
-            await self._send_numbered(socket, protocol.dumps(message))
-            try:
-                async with asyncio.timeout(self._timeout):
-                    return await self._unless_failed(asyncio.shield(waiter), self._closing)
-            except TimeoutError as exc:
-                raise TransportTimeoutError(
-                    f"restart: no answer to {message['method']} within {self._timeout}s"
-                ) from exc
-        finally:
-            self._private_replies.pop(message["id"], None)
+            socket = await self._open({})
+        except UpgradeRefused as refused:
+            raise refused.error from refused
+        self._socket = socket
+        self._reader = asyncio.create_task(self._read(socket), name="acp-client websocket reader")
+        reply = await self._private_call(self._ledger.initialize_request())
+        if "error" in reply:
+            raise ResumeFailedError(f"restart: the new connection's initialize failed: {reply['error']}")
+        self._ledger.initialize_id = None
+        self._ledger.received(reply)
+
+    async def _send_private(self, message: protocol.Message) -> dict[str, Any] | None:
+        """Send a restart's own request on the new socket (its reply arrives as a message)."""
+        if self._socket is None:  # it dropped during the restart: the transport failed
+            raise self._closed_error()
+        await self._send_numbered(self._socket, protocol.dumps(message))
+        return None
 
     # ------------------------------------------------------------------------------ the end
 
@@ -489,37 +344,17 @@ class WebSocketTransport(TransportBase):
         code = exc.rcvd.code
         return WebSocketClosedError(None if code == 1005 else code, exc.rcvd.reason)
 
-    def _raise_if_unusable(self) -> None:
-        if self.error is not None:
-            raise self._closed_error()
-        if self._close_started:
-            raise TransportClosedError("transport is closed")
-
     def _fail(self, error: TransportError) -> TransportError:
         if self._record_failure(error, logger):
             self._attached.clear()
             self._inbox.end(error)
         return error
 
-    async def close(self) -> None:
+    async def _shut_down(self) -> None:
         """Send a Close frame (code 1000: the server ends the connection) and stop reading."""
-        if self._close_started:
-            await self._close_done.wait()
-            return
-        self._close_started = True
-        self._closing.set()
-        try:
-            if self._reattach_task is not None:
-                self._reattach_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._reattach_task
-            if self._socket is not None:
-                with contextlib.suppress(Exception):
-                    await self._socket.close()
-            if self._reader is not None:
-                self._reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._reader
-            self._inbox.end(None)
-        finally:
-            self._close_done.set()
+        await cancel_and_wait([self._reattach_task])
+        if self._socket is not None:
+            with contextlib.suppress(Exception):
+                await self._socket.close()
+        await cancel_and_wait([self._reader])
+        self._inbox.end(None)
