@@ -54,22 +54,26 @@ case "$command" in
   test)
     ensure_venv test ".[test]"
     shift
-    if [ ! -d tests/interop/js/node_modules ] || [ tests/interop/js/package-lock.json -nt tests/interop/js/node_modules ]; then
-      (cd tests/interop/js && npm ci --silent --no-audit --no-fund)
-    fi
-    # a published third-party ACP agent, run as a stdio subprocess behind the server
-    if [ ! -d tests/agents/node_modules ] || [ tests/agents/package-lock.json -nt tests/agents/node_modules ]; then
-      (cd tests/agents && npm ci --silent --no-audit --no-fund)
-    fi
-    if [ ! -d tests/peers/ts_server/node_modules ] || [ tests/peers/ts_server/package-lock.json -nt tests/peers/ts_server/node_modules ]; then
-      (cd tests/peers/ts_server && npm ci --silent --no-audit --no-fund)
-    fi
+    # The official TypeScript SDK client, a published third-party ACP agent (a stdio subprocess
+    # behind the server) and the TypeScript peer server: each `npm ci` runs when its lock file
+    # is newer than its node_modules, the three at once.
+    npm_jobs=()
+    for dir in tests/interop/js tests/agents tests/peers/ts_server; do
+      if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; then
+        (cd "$dir" && npm ci --silent --no-audit --no-fund && touch node_modules) &
+        npm_jobs+=($!)
+      fi
+    done
+    for job in "${npm_jobs[@]}"; do wait "$job"; done
     # tests/test_browser.py drives Debian's chromium (never a downloaded browser): install it
     # here when missing and we may (root with apt-get), so a fresh CI machine needs nothing else.
     if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
     fi
-    exec "$VENV/bin/python" -m pytest "$@"
+    # In parallel (pytest-xdist): TEST_WORKERS processes (4 by default: most tests wait on
+    # servers, so more than the two cores pay), live tests that share a server grouped on one
+    # worker, the slow ones first (tests/conftest.py). `-n 0` runs one test at a time.
+    exec "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder "$@"
     ;;
   *)
     echo "usage: ./dev.sh demo | ./dev.sh demo-h2 | ./dev.sh test [pytest args]" >&2

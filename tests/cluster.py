@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 
@@ -152,9 +153,14 @@ class Cluster:
 
     def start(self) -> Cluster:
         env = {"REDIS_URL": self.redis.url, "ACP_REDIS_PREFIX": f"acp-test-{uuid.uuid4().hex[:8]}:", **self.env}
-        self.workers = [DaphneServer(env=dict(env), log=self.log) for _ in range(self.size)]
+        self.workers = [DaphneServer(env=dict(env), log=self.log).spawn() for _ in range(self.size)]
         for worker in self.workers:
-            worker.start()
+            worker.wait_listening()
+            # What a balancer's readiness probe does first: the worker joins the cluster (its
+            # inbox and heartbeat start with its first request, and until then no other worker
+            # or admin command sees it). Its answer may be 503 (a test with Redis down).
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/ready", timeout=10).close()
         self.balancer = Balancer([worker.port for worker in self.workers]).start()
         return self
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,8 @@ from tests.peers.fakes import FakeAcp
 
 #: A module that names one of these starts real server processes: its tests are `live`.
 LIVE_NAMES = ("DaphneServer", "UvicornServer", "HypercornServer", "Cluster(", "start_server(")
+#: A module with fixtures of this scope keeps its servers for several tests.
+MODULE_SERVERS = re.compile(r"""scope=["'](module|class)["']""")
 #: Fixtures that are real servers.
 LIVE_FIXTURES = frozenset({"demo_server", "wire_server", "claude_server", "caps_server", "redis_server"})
 
@@ -34,23 +37,32 @@ def _module_source(item: pytest.Item, cache: dict[str, str]) -> str:
     return cache[path]
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these marks
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these marks, and xdist reads its groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks each test `live` (a real server process), `cluster` (several workers on Redis;
     also `slow`) and `slow` for browsers; then orders the slow ones first, so that under
     pytest-xdist (`-n`) the longest tests start at once and the short ones fill in after them,
-    instead of one long test starting last and holding up the end of the run."""
+    instead of one long test starting last and holding up the end of the run.
+
+    Under xdist (`--dist loadgroup`, as ./dev.sh runs it) the live tests of a module with
+    servers of its own (module- or class-scoped fixtures) go to one xdist worker per server
+    shape, so each such server starts once, not once per worker; every other test goes wherever
+    a worker is free."""
     sources: dict[str, str] = {}
     for item in items:
         source = _module_source(item, sources)
         params = getattr(getattr(item, "callspec", None), "params", {})
         is_cluster = "three-workers" in params.values() or "Cluster(" in source
-        if is_cluster or LIVE_FIXTURES.intersection(item.fixturenames) or any(name in source for name in LIVE_NAMES):
+        live = is_cluster or LIVE_FIXTURES.intersection(item.fixturenames) or any(name in source for name in LIVE_NAMES)
+        if live:
             item.add_marker(pytest.mark.live)
         if is_cluster:
             item.add_marker(pytest.mark.cluster)
         if is_cluster or item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.slow)
+        if live and MODULE_SERVERS.search(source):
+            shapes = [value for value in params.values() if value in SHAPES]
+            item.add_marker(pytest.mark.xdist_group("-".join([item.path.stem, *shapes])))
     # stable: within each rank, the collection order (module fixtures stay together)
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("live") is None))
 

@@ -56,6 +56,7 @@ class ServerProcess:
 
     #: Serve https:// and wss:// with this certificate (where the server supports it).
     tls: DevCertificate | None = None
+    _listening: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def url(self) -> str:
@@ -70,6 +71,11 @@ class ServerProcess:
         raise NotImplementedError
 
     def start(self, timeout: float = 30.0) -> Self:
+        return self.spawn().wait_listening(timeout)
+
+    def spawn(self) -> Self:
+        """Start the process without waiting for it (`wait_listening` does): several servers
+        then start side by side."""
         argv, cwd, env = self.command()
         self.process = subprocess.Popen(
             argv,
@@ -80,11 +86,14 @@ class ServerProcess:
             stderr=subprocess.PIPE if self.log_from_stderr else subprocess.STDOUT,
             text=True,
         )
-        ready = threading.Event()
-        threading.Thread(target=self._pump, args=(ready,), daemon=True).start()
-        if not ready.wait(timeout) or not self.port:
+        self._listening = threading.Event()
+        threading.Thread(target=self._pump, args=(self._listening,), daemon=True).start()
+        return self
+
+    def wait_listening(self, timeout: float = 30.0) -> Self:
+        if not self._listening.wait(timeout) or not self.port:
             self.stop()
-            raise RuntimeError(f"{argv} did not start:\n" + "".join(self.log))
+            raise RuntimeError(f"{self.command()[0]} did not start:\n" + "".join(self.log))
         return self
 
     def _pump(self, ready: threading.Event) -> None:

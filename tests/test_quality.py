@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.live import ROOT
 
 
@@ -17,6 +19,7 @@ def test_ruff_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # about 50 s on two cores without its cache (.mypy_cache), as on a fresh clone
 def test_mypy_clean() -> None:
     result = run("mypy")
     assert result.returncode == 0, result.stdout + result.stderr
