@@ -18,6 +18,19 @@ from tests.peers.fakes import FakeAcp
 
 #: A module that names one of these starts real server processes: its tests are `live`.
 LIVE_NAMES = ("DaphneServer", "UvicornServer", "HypercornServer", "Cluster(", "start_server(")
+#: Modules out of the quick tier as a whole: floods, fuzzing, builds, other processes' SDKs and
+#: agents, HTTP/2 stacks, network cuts, servers of their own per test or per setting, log
+#: counts (each costs tens of seconds of a run). The quick tier keeps the unit tests, the wire
+#: contract against one worker, and the client, resume and routing tests on shared servers.
+SLOW_MODULES = frozenset({
+    "test_http2_live", "test_http2_parity_live", "test_http2_nginx_live", "test_backpressure_live",
+    "test_large_output_live", "test_fuzz_live", "test_packaging", "test_example_project", "test_stdio_live",
+    "test_interop", "test_auth_interop", "test_bridge_interop", "test_bridge_live", "test_resume_live",
+    "test_agent_context", "test_client_terminal", "test_deploy_settings", "test_observability_live",
+    "test_log_levels_live", "test_malformed_logs_live", "test_websocket_failures_live", "test_demo_logs_live",
+    "test_caps_live", "test_batch_live", "test_edge_limits_live", "test_origin_live", "test_auth_live",
+    "test_client_servers",
+})  # fmt: skip
 #: A module with fixtures of this scope keeps its servers for several tests.
 MODULE_SERVERS = re.compile(r"""scope=["'](module|class)["']""")
 #: Fixtures that are real servers.
@@ -40,9 +53,10 @@ def _module_source(item: pytest.Item, cache: dict[str, str]) -> str:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these marks, and xdist reads its groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks each test `live` (a real server process), `cluster` (several workers on Redis;
-    also `slow`) and `slow` for browsers; then orders the slow ones first, so that under
-    pytest-xdist (`-n`) the longest tests start at once and the short ones fill in after them,
-    instead of one long test starting last and holding up the end of the run.
+    also `slow`) and `slow` for browsers and SLOW_MODULES (a test may say `slow` itself); then
+    orders the slow ones first, so that under pytest-xdist (`-n`) the longest tests start at once
+    and the short ones fill in after them, instead of one long test starting last and holding up
+    the end of the run.
 
     Under xdist (`--dist loadgroup`, as ./dev.sh runs it) the live tests of a module with
     servers of its own (module- or class-scoped fixtures) go to one xdist worker per server
@@ -58,7 +72,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.live)
         if is_cluster:
             item.add_marker(pytest.mark.cluster)
-        if is_cluster or item.get_closest_marker("browser"):
+        if is_cluster or item.get_closest_marker("browser") or item.path.stem in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
         if live and MODULE_SERVERS.search(source):
             shapes = [value for value in params.values() if value in SHAPES]
