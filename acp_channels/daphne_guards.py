@@ -1,7 +1,7 @@
 """Twisted-level guards for daphne against hostile and slow clients.
 
-Imported only by `daphne_compat.install()` in a daphne process (importing Twisted anywhere else
-could install the wrong reactor). Each guard exists because daphne and Twisted leave a gap:
+Imported only where daphne serves (as daphne_compat installs its patches; importing Twisted
+elsewhere could install the wrong reactor). Each guard fills a gap daphne and Twisted leave:
 
 - Send backpressure (`SendGate`, `gated_handle_reply`). daphne's ASGI `send` of
   `http.response.body` and `websocket.send` writes to the Twisted transport and returns at once;

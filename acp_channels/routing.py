@@ -36,17 +36,22 @@ def build_asgi_application(*, websocket_prefix: str = "", http_application: Any 
     channels' AuthMiddlewareStack on WebSocket upgrades, so `scope["user"]` is the session's
     user (the Django-user authenticator needs it). A site without (token auth, no database,
     like the demo) does not: no session lookup per upgrade.
+
+    Under daphne, it has daphne's patches installed as daphne starts serving
+    (`daphne_compat.install`; acp_channels.patches lists them).
     """
     import django
     from channels.routing import ProtocolTypeRouter, URLRouter
     from django.urls import include
 
+    from acp_channels import daphne_compat
     from acp_channels.auth import session_auth_configured
     from acp_channels.handler import AcpASGIHandler
 
     if http_application is None:
         django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
         http_application = AcpASGIHandler()
+    daphne_compat.install()
     http: Any = http_application
     routes = [path(websocket_prefix, include(websocket_urlpatterns))] if websocket_prefix else [*websocket_urlpatterns]
     routes.append(re_path(r"", refuse_websocket))  # type: ignore[arg-type]  # an ASGI app, as channels routes take
