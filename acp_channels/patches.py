@@ -1,7 +1,8 @@
 """Every place acp_channels patches, subclasses, or reaches into the internals of the packages it
 runs on, what each one fixes, and where it lives; and the versions of those packages it was
-tested with (`TESTED_VERSIONS`, the pins of pyproject.toml). A new version of one of them may
-rename what is listed here: run the test suite against it before widening a pin.
+tested with (`TESTED_VERSIONS`, the pins of pyproject.toml; system check acp_channels.W006 warns
+about any other). A new version of one of them may rename what is listed here: run the test
+suite against it before widening a pin.
 
 Installed only when daphne serves (`daphne_compat.install()`, called by
 `routing.build_asgi_application`, wraps daphne's `Server.run`; the wrapper installs these just

@@ -1,5 +1,5 @@
 """acp_channels.patches: the list of every patch, the versions they were tested with (the pins of
-pyproject.toml), and that they are process-wide only where
+pyproject.toml, system check acp_channels.W006), and that they are process-wide only where
 daphne serves: `manage.py check`, `migrate`, or a process that builds the application without
 serving it leave daphne, Twisted, autobahn and SIGTERM as they were. (That a serving daphne
 has them is what the live tests exercise: the 101's headers in tests/test_wire_websocket.py,
@@ -19,11 +19,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from acp_channels import daphne_compat, patches
 from acp_channels.patches import TESTED_VERSIONS, installed_version, release, untested_versions
+from acp_channels.startup import check_versions
 from tests.live import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -58,6 +60,43 @@ def test_the_tested_versions_are_pinned_with_upper_bounds() -> None:
 def test_the_installed_versions_are_the_tested_ones() -> None:
     assert all(installed_version(name) is not None for name in TESTED_VERSIONS)
     assert untested_versions() == []
+    assert check_versions() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "untested"),
+    [
+        ("Django", "5.2", False),
+        ("Django", "5.2.19", False),
+        ("Django", "5.3", True),
+        ("Django", "5.3a1", True),  # a pre-release of the next version is that version
+        ("Django", "6.0.1", True),
+        ("Django", "5.1.9", True),
+        ("daphne", "4.3.0", True),
+        ("Twisted", "26.10.0", False),
+        ("Twisted", "25.5.0", True),
+        ("autobahn", "26.12.0", True),
+    ],
+)
+def test_w006_warns_about_an_untested_version(
+    monkeypatch: pytest.MonkeyPatch, name: str, version: str, untested: bool
+) -> None:
+    real = patches.installed_version
+    monkeypatch.setattr(patches, "installed_version", lambda n: version if n == name else real(n))
+    messages = check_versions()
+    if not untested:
+        assert messages == []
+        return
+    assert [message.id for message in messages] == ["acp_channels.W006"]
+    low, high = TESTED_VERSIONS[name]
+    assert f"{name} {version} is not a version acp-channels was tested with (>={low},<{high})" in messages[0].msg
+
+
+def test_a_package_not_installed_is_not_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    """channels-redis is an extra: a site on one worker may not have it."""
+    real = patches.installed_version
+    monkeypatch.setattr(patches, "installed_version", lambda n: None if n == "channels-redis" else real(n))
+    assert check_versions() == []
 
 
 def test_release_reads_the_leading_numbers() -> None:
