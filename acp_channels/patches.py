@@ -4,6 +4,12 @@ tested with (`TESTED_VERSIONS`, the pins of pyproject.toml; system check acp_cha
 about any other). A new version of one of them may rename what is listed here: run the test
 suite against it before widening a pin.
 
+Each daphne fix below (1-5 and the send backpressure of 7) is also written as a patch of
+daphne's own code, with tests in daphne's test suite, in docs/upstream/ (its README says which
+is which; none has been proposed to daphne yet). The request guards of 6 and 7's other half,
+the Twisted and autobahn patches (8, 9) and SIGTERM's drain (10) are acp-channels' policy or
+optimisation, not daphne bugs: they have none.
+
 Installed only when daphne serves (`daphne_compat.install()`, called by
 `routing.build_asgi_application`, wraps daphne's `Server.run`; the wrapper installs these just
 before daphne builds its factories, see "When" below). They are process-wide:

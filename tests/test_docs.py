@@ -17,7 +17,7 @@ from bench import report
 from tests.cluster import Cluster
 from tests.live import ROOT, DaphneServer
 
-DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 CONTRACT = ROOT / "docs" / "wire-contract.md"
 FENCE = re.compile(r"^ *```.*?^ *```", re.S | re.M)
 INLINE_CODE = re.compile(r"`[^`\n]*`")

@@ -13,6 +13,8 @@ import ast
 import inspect
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -29,6 +31,7 @@ from acp_channels.startup import check_versions
 from tests.live import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+UPSTREAM = ROOT / "docs" / "upstream"
 
 
 def requirements(group: list[str]) -> dict[str, Requirement]:
@@ -137,6 +140,37 @@ def test_every_guard_of_daphne_guards_is_listed() -> None:
     names = ["GuardedHTTPChannel", "GuardedWebRequest", "GuardedHTTPFactory", "H2BodyRefusal", "watch_h2_connections"]
     assert all(hasattr(daphne_guards, name) for name in names)
     assert [name for name in names if name not in (patches.__doc__ or "")] == []
+
+
+def upstream_patches() -> list[Path]:
+    return sorted(UPSTREAM.glob("*.patch"))
+
+
+def test_every_daphne_fix_has_an_upstream_patch_in_the_readme() -> None:
+    readme = (UPSTREAM / "README.md").read_text()
+    found = upstream_patches()
+    assert len(found) == 7
+    assert [path.name for path in found if f"({path.name})" not in readme] == []
+    assert "docs/upstream/" in (patches.__doc__ or "")
+
+
+@pytest.mark.skipif(installed_version("daphne") != "4.2.3", reason="written against daphne 4.2.3's source")
+@pytest.mark.parametrize("patch", upstream_patches(), ids=lambda path: path.name)
+def test_an_upstream_patch_applies_to_daphnes_own_source(patch: Path, tmp_path: Path) -> None:
+    """Each one alone, on a copy of the installed daphne (its files: `daphne/...` in the
+    patch's paths, as in daphne's repository); the tests it adds are in its own files."""
+    import daphne
+
+    shutil.copytree(Path(daphne.__file__).parent, tmp_path / "daphne")
+    result = subprocess.run(
+        ["git", "apply", "--check", "--verbose", "--include", "daphne/*", str(patch)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"Checking patch daphne/", result.stderr), result.stderr  # it touched daphne's code
 
 
 # -- only where daphne serves -------------------------------------------------------------------
