@@ -6,11 +6,12 @@ class AcpChannelsConfig(AppConfig):
     verbose_name = "ACP Channels"
 
     def ready(self) -> None:
-        # checks register themselves; cluster_admin registers its ops on the worker bus,
-        # metrics_collector its scrape-time gauges on prometheus_client's registry
-        from acp_channels import checks, cluster_admin, daphne_compat, metrics_collector  # noqa: F401
+        # checks and startup register their system checks; cluster_admin registers its ops on
+        # the worker bus, metrics_collector its scrape-time gauges on prometheus_client's
+        # registry. daphne's patches are not installed here (every manage.py command runs this):
+        # only when daphne serves (acp_channels.patches, "When").
+        from acp_channels import checks, cluster_admin, metrics_collector, startup  # noqa: F401
 
-        daphne_compat.install()
         _skip_database_request_hooks()
         from acp_channels import logs
 

@@ -1,9 +1,15 @@
-"""System checks for `ACP_CHANNELS` (ids acp_channels.E001...)."""
+"""System checks for `ACP_CHANNELS` and the channel layer settings (ids acp_channels.E001...).
+
+What they read is the settings and the code they name (an agent, an authenticator, a layer's
+backend must import). The checks that look further, at the installed versions, the permission
+REQUIRED_PERMISSION names and a channel layer that must answer, are in acp_channels.startup,
+which also runs them all as a server starts.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from django.apps import AppConfig
@@ -184,7 +190,7 @@ def _check_authentication(agent: Any) -> list[CheckMessage]:
     errors += _check_dotted_callable("AUTHENTICATE", authenticate, "acp_channels.E021")
     errors += _check_dotted_callable("TOKEN_LOOKUP", token_lookup, "acp_channels.E022")
     permission = acp_settings.REQUIRED_PERMISSION
-    if permission is not None and not _is_permission(permission):
+    if permission is not None and not is_permission(permission):
         errors.append(
             Error(
                 f"ACP_CHANNELS['REQUIRED_PERMISSION'] must be 'app_label.codename' or None, not {permission!r}.",
@@ -237,7 +243,7 @@ def _check_dotted_callable(name: str, path: Any, check_id: str) -> list[CheckMes
     return []
 
 
-def _is_permission(value: Any) -> bool:
+def is_permission(value: Any) -> bool:
     if not isinstance(value, str):
         return False
     app_label, dot, codename = value.partition(".")
@@ -309,8 +315,11 @@ MIN_POOL_SIZE = 8
 
 @register(Tags.compatibility)
 def check_channel_layer(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """The default channel layer (what several workers share) can carry a burst of clients."""
+    """Every channel layer's backend imports (E036), and the default one (what several workers
+    share) can carry a burst of clients."""
     layers = getattr(settings, "CHANNEL_LAYERS", None)
+    if isinstance(layers, Mapping) and (unimportable := _check_layer_backends(layers)):
+        return unimportable
     default = layers.get("default") if isinstance(layers, Mapping) else None
     if not isinstance(default, Mapping):
         return []
@@ -350,4 +359,42 @@ def check_channel_layer(app_configs: Sequence[AppConfig] | None = None, **kwargs
                 id="acp_channels.E034",
             )
         )
+    return errors
+
+
+#: What a backend needs that the `redis` extra installs.
+_REDIS_EXTRA_MODULES: Final = frozenset({"channels_redis", "redis", "msgpack"})
+
+
+def _check_layer_backends(layers: Mapping[str, Any]) -> list[CheckMessage]:
+    """E036: a layer whose BACKEND does not import (channels would raise at the first request
+    that needs the layer: every one, 500)."""
+    errors: list[CheckMessage] = []
+    for alias, layer in layers.items():
+        backend = layer.get("BACKEND") if isinstance(layer, Mapping) else None
+        if not isinstance(backend, str) or not backend:
+            errors.append(
+                Error(
+                    f"CHANNEL_LAYERS[{alias!r}] has no BACKEND.",
+                    hint='Name a channel layer class, e.g. "acp_channels.layers.RedisChannelLayer".',
+                    id="acp_channels.E036",
+                )
+            )
+            continue
+        try:
+            import_string(backend)
+        except Exception as error:  # ImportError, or the module itself failing to import
+            missing = (getattr(error, "name", None) or "") if isinstance(error, ImportError) else ""
+            hint = (
+                'Install the redis extra: pip install "acp-channels[redis]" (channels-redis and redis).'
+                if missing.partition(".")[0] in _REDIS_EXTRA_MODULES
+                else "BACKEND must be the dotted path of a channel layer class that imports."
+            )
+            errors.append(
+                Error(
+                    f"CHANNEL_LAYERS[{alias!r}]['BACKEND'] = {backend!r} cannot be imported: {error}",
+                    hint=hint,
+                    id="acp_channels.E036",
+                )
+            )
     return errors

@@ -1,4 +1,7 @@
-"""What daphne needs to serve ACP well. Installed from AppConfig.ready() when daphne is present.
+"""What daphne needs to serve ACP well, installed only when daphne serves this process (`install`).
+
+acp_channels.patches lists every patch (these, the Twisted guards, and those of Django, channels
+and the rest) with where it lives and the versions it was tested with.
 
 - Accept headers: daphne 4 drops the headers an application gives on `websocket.accept`, so a
   WebSocket client would never see `Acp-Connection-Id` on the 101 (the reference, uvicorn and
@@ -44,8 +47,12 @@
   WebSocket frame's cost on daphne (bench/PROFILE.md). Its WebSocket module gets plain
   versions (the same text, uncoloured, when its debug log is on).
 The Twisted side is in acp_channels.daphne_guards, which says why each guard works as it does.
-Under `runserver`, daphne's server is created before this runs: there only the WebSocket and
-send patches apply (they take effect for connections made after the first WebSocket).
+
+When: `install()` (called by `routing.build_asgi_application`) wraps daphne's `Server.run` when
+daphne is loaded; the wrapper installs all of the above as daphne starts serving, before it
+builds its factories (its CLI and `runserver` alike). A process that never runs a daphne Server
+(`manage.py migrate`, `check`, uvicorn, in-process tests) gets none of it: daphne's own app
+imports `daphne.server`, so "daphne is imported" does not mean "daphne serves".
 """
 
 from __future__ import annotations
@@ -54,20 +61,65 @@ import asyncio
 import logging
 import signal
 import sys
+import threading
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
+#: Whether this process has daphne's patches (set once, by the first daphne Server that runs).
+_installed = False
+
+
 def install() -> bool:
-    """Patch daphne if this process runs under it (importing daphne's Twisted parts anywhere
-    else could install the wrong reactor before daphne installs its own). Idempotent."""
-    if "daphne.server" not in sys.modules:
+    """Have daphne's patches installed when daphne serves this process; False when daphne is
+    not loaded here. Idempotent, and cheap once installed (the consumer calls it per upgrade).
+
+    The signal that daphne serves is daphne's own `Server.run()`, which its CLI and `runserver`
+    call once the application is loaded, and nothing else does: it is wrapped here (a class
+    attribute, inert until a Server runs) to install everything first. When Twisted's reactor
+    runs already (an application built otherwise, first called at a WebSocket), the patches go
+    in at once, but the request guards then miss the factory daphne built, and SIGTERM is left
+    alone. Importing daphne here is never done: `daphne.server` installs Twisted's reactor."""
+    if _installed:
+        return True
+    server_module = sys.modules.get("daphne.server")
+    if server_module is None:
         return False
+    _wrap_server_run(server_module.Server)
+    reactor = sys.modules.get("twisted.internet.reactor")
+    if getattr(reactor, "running", False):
+        _install_patches(server=None)
+    return True
+
+
+def installed() -> bool:
+    """Whether daphne serves this process with the patches in."""
+    return _installed
+
+
+def _wrap_server_run(server_class: Any) -> None:
+    original = server_class.run
+    if getattr(original, "acp_channels_serving", False):
+        return
+
+    def run(self: Any) -> Any:
+        _install_patches(server=self)  # before run() builds the HTTP and WebSocket factories
+        return original(self)
+
+    run.acp_channels_serving = True  # type: ignore[attr-defined]
+    server_class.run = run
+
+
+def _install_patches(server: Any) -> None:
+    """Every patch of the module docstring; SIGTERM only for a `server` that installs signal
+    handlers (daphne's CLI; not `runserver` with its reloader), from the main thread."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
     from daphne.ws_protocol import WebSocketProtocol
 
-    if getattr(WebSocketProtocol.handle_reply, "acp_channels_patched", False):
-        return True
     _install_accept_headers(WebSocketProtocol)
     _install_denial_response(WebSocketProtocol)
     _install_handshake_guard(WebSocketProtocol)
@@ -75,8 +127,8 @@ def install() -> bool:
     _install_close_handshake_on_failure()
     _install_plain_debug_values()
     _install_guards()
-    _install_graceful_sigterm()
-    return True
+    if server is not None and server.signal_handlers and threading.current_thread() is threading.main_thread():
+        _install_graceful_sigterm()
 
 
 def plain_type(obj: Any) -> str:

@@ -21,7 +21,7 @@ async def refuse_websocket(scope: dict[str, Any], receive: Any, send: Any) -> No
         await send({"type": "websocket.close"})
 
 
-def build_asgi_application(*, websocket_prefix: str = "", http_application: Any = None) -> Any:
+def build_asgi_application(*, websocket_prefix: str = "", http_application: Any = None, checks: bool = True) -> Any:
     """HTTP through Django (POST/SSE/DELETE), WebSocket upgrades on the same path to our consumer.
 
     Call it after `os.environ.setdefault("DJANGO_SETTINGS_MODULE", ...)`; `websocket_prefix`
@@ -36,17 +36,31 @@ def build_asgi_application(*, websocket_prefix: str = "", http_application: Any 
     channels' AuthMiddlewareStack on WebSocket upgrades, so `scope["user"]` is the session's
     user (the Django-user authenticator needs it). A site without (token auth, no database,
     like the demo) does not: no session lookup per upgrade.
+
+    It fails at startup, not per request: the system checks run here (servers do not run them),
+    those that reach the channel layer and the database too, and an error raises
+    ImproperlyConfigured with the checks' text (`startup.run_startup_checks`; `checks=False`
+    skips them). Under daphne, it has daphne's patches installed as daphne starts serving
+    (`daphne_compat.install`; acp_channels.patches lists them).
     """
     import django
     from channels.routing import ProtocolTypeRouter, URLRouter
+    from django.apps import apps
     from django.urls import include
 
+    from acp_channels import daphne_compat
     from acp_channels.auth import session_auth_configured
     from acp_channels.handler import AcpASGIHandler
 
-    if http_application is None:
+    if http_application is None or not apps.ready:
         django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
+    if http_application is None:
         http_application = AcpASGIHandler()
+    if checks:
+        from acp_channels.startup import run_startup_checks
+
+        run_startup_checks()
+    daphne_compat.install()
     http: Any = http_application
     routes = [path(websocket_prefix, include(websocket_urlpatterns))] if websocket_prefix else [*websocket_urlpatterns]
     routes.append(re_path(r"", refuse_websocket))  # type: ignore[arg-type]  # an ASGI app, as channels routes take

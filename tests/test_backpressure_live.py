@@ -47,6 +47,7 @@ RECEIVE_BUFFER = 4096
 ENV = {
     "ACP_AGENT": "tests.wire_agent.create",
     "ACP_MAX_BUFFERED_BYTES": str(BUFFERED_LIMIT),
+    "ACP_REPLAY_WINDOW_BYTES": str(BUFFERED_LIMIT // 4),  # within the budget (check E031)
     "ACP_KEEPALIVE_SECONDS": "60",  # no comments in the stream while nobody reads
 }
 _ids = itertools.count()

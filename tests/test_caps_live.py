@@ -214,7 +214,11 @@ async def test_max_connections_is_503_with_retry_after_and_not_ready(http: httpx
 
 
 async def test_worker_output_budget_is_503_and_nothing_is_dropped(http: httpx.AsyncClient) -> None:
-    budget = {"ACP_MAX_WORKER_BUFFERED_BYTES": str(64 * 1024), "ACP_MAX_BUFFERED_BYTES": str(64 * 1024)}
+    budget = {
+        "ACP_MAX_WORKER_BUFFERED_BYTES": str(64 * 1024),
+        "ACP_MAX_BUFFERED_BYTES": str(64 * 1024),
+        "ACP_REPLAY_WINDOW_BYTES": str(16 * 1024),  # within the budget (check E031)
+    }
     async with single(budget) as server:
         url = server.url
         connection_id = await initialize(http, url)

@@ -161,7 +161,8 @@ async def test_burst_of_20000_reaches_a_reader_on_another_worker_in_order(http: 
 
 
 async def test_slow_reader_pauses_the_agent_instead_of_losing_output(http: httpx.AsyncClient) -> None:
-    async with running(size=2, ACP_MAX_BUFFERED_BYTES=str(64 * 1024)) as cluster:
+    budget = {"ACP_MAX_BUFFERED_BYTES": str(64 * 1024), "ACP_REPLAY_WINDOW_BYTES": str(16 * 1024)}  # E031
+    async with running(size=2, **budget) as cluster:
         host, other = cluster.workers
         connection_id = await initialize(http, host.url)
         async with open_sse(http, other.url, connection_id) as connection_stream:

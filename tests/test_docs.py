@@ -21,7 +21,7 @@ DOCS = [
     ROOT / "README.md",
     ROOT / "CHANGELOG.md",
     ROOT / "bench" / "README.md",
-    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs").rglob("*.md")),
     *sorted((ROOT / "examples").rglob("*.md")),
 ]
 CONTRACT = ROOT / "docs" / "wire-contract.md"

@@ -48,6 +48,7 @@ ENV = {
     "ACP_CORS_ALLOWED_ORIGINS": ALLOWED_ORIGIN,
     "ACP_KEEPALIVE_SECONDS": "0.5",
     "ACP_MAX_BUFFERED_BYTES": str(BUFFERED_LIMIT),
+    "ACP_REPLAY_WINDOW_BYTES": str(BUFFERED_LIMIT // 4),  # within the budget (check E031)
     "ACP_MAX_BODY_BYTES": str(BODY_LIMIT),
     # The HTTP/1.1 read clocks, short: they must not touch a connection that went on as h2.
     "ACP_HEADER_TIMEOUT_SECONDS": "1",

@@ -1,6 +1,6 @@
 """Twisted-level guards for daphne against hostile and slow clients.
 
-Imported only by `daphne_compat.install()` in a daphne process (importing Twisted anywhere else
+Imported only where daphne serves, as `daphne_compat` installs its patches (importing Twisted elsewhere
 could install the wrong reactor). Each guard exists because daphne and Twisted leave a gap, and
 its module says which:
 
