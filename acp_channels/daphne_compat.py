@@ -62,7 +62,10 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Awaitable
 from typing import Any
+
+from autobahn.exception import Disconnected  # plain exceptions: no Twisted imported
 
 logger = logging.getLogger(__name__)
 
@@ -273,13 +276,28 @@ def _install_guards() -> None:
             # daphne drops it and returns at once: a stream would race through its output into
             # a dead connection, counted as delivered (beyond a replay window). Wait until the
             # application learns of the disconnect and cancels us (or daphne's close timeout).
-            await asyncio.get_running_loop().create_future()
+            await _until_cancelled()
         gate = None if connection is None or "disconnected" in connection else gate_before_write(protocol, message)
-        await original(self, protocol, message)
+        await send_or_wait_when_gone(original(self, protocol, message))
         if gate is not None and not gate.writable:
             await gate.wait_writable()
 
     server_class.handle_reply = handle_reply
+
+
+async def _until_cancelled() -> None:
+    await asyncio.get_running_loop().create_future()
+
+
+async def send_or_wait_when_gone(write: Awaitable[None]) -> None:
+    """daphne's write of a reply; when autobahn closed the WebSocket before daphne heard of it
+    (the client left a moment ago: autobahn raises Disconnected), wait for the disconnect that
+    is on its way, as for a connection daphne knows is gone, instead of failing the send (the
+    consumer logged that as our fault, with a traceback)."""
+    try:
+        await write
+    except Disconnected:
+        await _until_cancelled()
 
 
 def _install_handshake_guard(websocket_protocol: Any) -> None:

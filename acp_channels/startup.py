@@ -45,13 +45,21 @@ def run_startup_checks() -> None:
     text, so the server exits at once with them instead of answering every request 500."""
     from django.core import checks as django_checks
 
-    messages = list(django_checks.run_checks())
     databases = [
         alias for alias, database in settings.DATABASES.items() if database.get("ENGINE") != "django.db.backends.dummy"
     ]
-    messages += _in_a_thread(
-        lambda: django_checks.run_checks(tags=[STARTUP_TAG], include_deployment_checks=True, databases=databases)
-    )  # deployment checks: `check` and `migrate` do not run them
+
+    def run() -> list[CheckMessage]:
+        # deployment checks for STARTUP_TAG: `check` and `migrate` do not run them
+        return [
+            *django_checks.run_checks(),
+            *django_checks.run_checks(tags=[STARTUP_TAG], include_deployment_checks=True, databases=databases),
+        ]
+
+    # In a thread of its own, all of them: what the checks open (Django's cache checks open the
+    # caches, context-local) must not be in the context every request inherits, or each request
+    # would close those caches at its end in a thread of its own (acp_channels.handler).
+    messages = _in_a_thread(run)
     messages = [message for message in messages if not message.is_silenced()]
     errors = [message for message in messages if message.is_serious()]
     for message in messages:
