@@ -512,6 +512,47 @@ async def test_a_pushed_stream_arrives_in_order_and_its_acknowledgements_settle_
     assert lease.ended and not lease.unacked and mailbox.holder is None
 
 
+async def test_a_release_still_on_its_way_is_waited_for_and_nothing_is_given_twice(
+    loopback: LoopbackBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new reader asks for a stream whose last reader let it go a moment ago: the probe says
+    "released" before that reader's Release (what it wrote) is served. The host waits for it
+    instead of putting back what the client already has (before: the next reader got the
+    written batch a second time; seen across three workers as a duplicated SSE event)."""
+    held: list[tuple[str, Release]] = []
+    post = loopback.post
+
+    def hold_releases(worker_id: str, op: Any) -> None:
+        if isinstance(op, Release):
+            held.append((worker_id, op))
+        else:
+            post(worker_id, op)
+
+    monkeypatch.setattr(loopback, "post", hold_releases)
+    probed = asyncio.Event()
+    reader_alive = gateway.serve._reader_alive
+
+    async def probe(lease: gateway.serve.LeaseOnHost) -> bool | None:
+        try:
+            return await reader_alive(lease)
+        finally:
+            probed.set()
+
+    monkeypatch.setattr(gateway.serve, "_reader_alive", probe)
+    mailbox, lease, reader = await pushed_stream(3)
+    batch = await reader.take(5.0)
+    assert batch is not None and list(batch) == ["item-0", "item-1", "item-2"]
+    reader.release()  # the batch it took is written; its Release is held on the way
+    takeover = asyncio.ensure_future(gateway.serve.release_if_reader_gone(mailbox))
+    await probed.wait()
+    assert held and lease.unacked  # the batch is not acknowledged yet
+    for worker_id, op in held:  # the Release arrives now
+        post(worker_id, op)
+    await takeover
+    assert lease.ended and mailbox.holder is None
+    assert len(mailbox) == 0  # nothing put back for the next reader
+
+
 async def test_pushes_stop_at_the_credit_and_go_on_with_acknowledgements(loopback: LoopbackBus) -> None:
     mailbox, lease, reader = await pushed_stream(0)
     for n in range(PUSH_CREDIT_BATCHES + 5):  # one batch each: the pump runs between pushes

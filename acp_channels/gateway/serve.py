@@ -5,6 +5,7 @@ operators (`cluster_connections`, `end_connection`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 
 from acp_channels import protocol
@@ -90,6 +91,7 @@ class LeaseOnHost:
         self.seq = 0
         self.ended = False
         self._room = asyncio.Event()
+        self._ended = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self._expiry: asyncio.TimerHandle | None = None
 
@@ -151,6 +153,7 @@ class LeaseOnHost:
         if self.ended:
             return
         self.ended = True
+        self._ended.set()
         self._disarm()
         if self._pump is not None and self._pump is not asyncio.current_task():
             self._pump.cancel()
@@ -162,6 +165,9 @@ class LeaseOnHost:
             self.mailbox.release(self)
         self.unacked.clear()
         self.unacked_bytes = 0
+
+    async def until_ended(self) -> None:
+        await self._ended.wait()
 
     def _arm(self) -> None:
         self._disarm()
@@ -180,15 +186,27 @@ async def release_if_reader_gone(mailbox: Mailbox) -> None:
     """A stream held by a reader on another worker that no longer has it (its worker died, or
     its release is still on the way) is taken over: nothing is lost, the lease goes back."""
     holder = mailbox.holder
-    if isinstance(holder, LeaseOnHost) and not await _reader_alive(holder):
-        holder.end()
+    if not isinstance(holder, LeaseOnHost):
+        return
+    alive = await _reader_alive(holder)
+    if alive:
+        return
+    if alive is False:
+        # Its worker answered that the reader let the lease go: the Release, posted before that
+        # answer, says what the reader wrote. Ending the lease before it arrives would give the
+        # client what it already has a second time (the next reader got it again).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(worker_timeout()):
+                await holder.until_ended()
+    holder.end()
 
 
-async def _reader_alive(lease: LeaseOnHost) -> bool:
+async def _reader_alive(lease: LeaseOnHost) -> bool | None:
+    """Whether the lease's reader still holds it; None when its worker did not answer."""
     try:
         reply = await bus.call(lease.reader_worker, Probe(lease.lease_id), timeout=worker_timeout())
     except Exception:
-        return False
+        return None
     return isinstance(reply, Alive) and reply.alive
 
 
