@@ -71,8 +71,8 @@ case "$command" in
       apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
     fi
     # In parallel (pytest-xdist): TEST_WORKERS processes (4 by default: most tests wait on
-    # servers, so more than the two cores pay), live tests that share a server grouped on one
-    # worker, the slow ones first (tests/conftest.py). `-n 0` runs one test at a time.
+    # servers, so more than the two cores pay), the slow ones first, live tests that share a
+    # server grouped (tests/conftest.py; docs/testing.md). `-n 0` runs one test at a time.
     exec "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder "$@"
     ;;
   *)

@@ -50,34 +50,39 @@ def _module_source(item: pytest.Item, cache: dict[str, str]) -> str:
     return cache[path]
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these marks, and xdist reads its groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks each test `live` (a real server process), `cluster` (several workers on Redis;
-    also `slow`) and `slow` for browsers and SLOW_MODULES (a test may say `slow` itself); then
-    orders the slow ones first, so that under pytest-xdist (`-n`) the longest tests start at once
-    and the short ones fill in after them, instead of one long test starting last and holding up
-    the end of the run.
+_sources: dict[str, str] = {}
 
-    Under xdist (`--dist loadgroup`, as ./dev.sh runs it) the live tests of a module with
-    servers of its own (module- or class-scoped fixtures) go to one xdist worker per server
-    shape, so each such server starts once, not once per worker; every other test goes wherever
-    a worker is free."""
-    sources: dict[str, str] = {}
-    for item in items:
-        source = _module_source(item, sources)
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        is_cluster = "three-workers" in params.values() or "Cluster(" in source
-        live = is_cluster or LIVE_FIXTURES.intersection(item.fixturenames) or any(name in source for name in LIVE_NAMES)
-        if live:
-            item.add_marker(pytest.mark.live)
-        if is_cluster:
-            item.add_marker(pytest.mark.cluster)
-        if is_cluster or item.get_closest_marker("browser") or item.path.stem in SLOW_MODULES:
-            item.add_marker(pytest.mark.slow)
-        if live and MODULE_SERVERS.search(source):
-            shapes = [value for value in params.values() if value in SHAPES]
-            item.add_marker(pytest.mark.xdist_group("-".join([item.path.stem, *shapes])))
-    # stable: within each rank, the collection order (module fixtures stay together)
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks each test `live` (a real server process), `cluster` (several workers on Redis;
+    also `slow`) and `slow` for browsers and SLOW_MODULES (a test may say `slow` itself), as it
+    is collected: before `-m` selects and pytest-xdist reads its groups.
+
+    The live tests of a module with servers of its own (module- or class-scoped fixtures) are
+    grouped per server shape (`xdist_group`), for `--dist loadgroup` (./dev.sh) to send each
+    group to one xdist worker, so that its servers start once, not once per xdist worker. Not
+    in effect yet: pytest-xdist 3.8 names the groups in an attribute pytest 9 no longer reads,
+    so they spread like any test (docs/testing.md says what it costs)."""
+    source = _module_source(item, _sources)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    is_cluster = "three-workers" in params.values() or "Cluster(" in source
+    live = is_cluster or LIVE_FIXTURES.intersection(item.fixturenames) or any(name in source for name in LIVE_NAMES)
+    if live:
+        item.add_marker(pytest.mark.live)
+    if is_cluster:
+        item.add_marker(pytest.mark.cluster)
+    if is_cluster or item.get_closest_marker("browser") or item.path.stem in SLOW_MODULES:
+        item.add_marker(pytest.mark.slow)
+    if live and MODULE_SERVERS.search(source):
+        shapes = [value for value in params.values() if value in SHAPES]
+        item.add_marker(pytest.mark.xdist_group("-".join([item.path.stem, *shapes])))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tests first, so that under pytest-xdist (`-n`) the longest start at once and the
+    short ones fill in after them, instead of one long test starting last and holding up the
+    end of the run. Stable: within each rank, the collection order (module fixtures together)."""
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("live") is None))
 
 
@@ -198,3 +203,4 @@ def claude_server() -> Iterator[DaphneServer]:
     yield server
     server.stop()
     shutil.rmtree(home, ignore_errors=True)
+
