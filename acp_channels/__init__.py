@@ -1,8 +1,9 @@
 """acp-channels: serve Agent Client Protocol agents over HTTP+SSE and WebSocket from Django.
 
 The public names of the server side are importable from here (docs/api.md lists them with what
-they promise); the client is `acp_channels.client`. Every other module is internal. Names load on
-first use, so importing this package (in settings, say) imports nothing of Django's.
+they promise); the client is `acp_channels.client`. Modules whose names start with an underscore
+are internal. Names load on first use, so importing this package (in settings, say) imports
+nothing of Django's.
 """
 
 from __future__ import annotations
@@ -14,31 +15,39 @@ __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _PUBLIC = {
-    "ANONYMOUS": "acp_channels.identity",
-    "AgentContext": "acp_channels.identity",
-    "Principal": "acp_channels.identity",
-    "TransportKind": "acp_channels.identity",
+    "ANONYMOUS": "acp_channels._identity",
+    "AgentContext": "acp_channels._identity",
+    "Principal": "acp_channels._identity",
+    "TransportKind": "acp_channels._identity",
     "RequestContext": "acp_channels.auth",
     "Refused": "acp_channels.auth",
     "bearer_token": "acp_channels.auth",
     "django_user": "acp_channels.auth",
     "settings_tokens": "acp_channels.auth",
-    "AgentChannel": "acp_channels.agents.channel",
-    "AgentClosed": "acp_channels.agents.channel",
-    "build_asgi_application": "acp_channels.routing",
-    "websocket_urlpatterns": "acp_channels.routing",
-    "ACP_ALLOW_HEADERS": "acp_channels.cors",
-    "ACP_EXPOSE_HEADERS": "acp_channels.cors",
-    "cors_allow_headers": "acp_channels.cors",
+    "AgentChannel": "acp_channels._agents.channel",
+    "AgentClosed": "acp_channels._agents.channel",
+    "CONNECTION_ENV": "acp_channels._agents.stdio",
+    "PRINCIPAL_ID_ENV": "acp_channels._agents.stdio",
+    "PRINCIPAL_KIND_ENV": "acp_channels._agents.stdio",
+    "build_asgi_application": "acp_channels._routing",
+    "websocket_urlpatterns": "acp_channels._routing",
+    "ACP_ALLOW_HEADERS": "acp_channels._cors",
+    "ACP_ALLOW_METHODS": "acp_channels._cors",
+    "ACP_EXPOSE_HEADERS": "acp_channels._cors",
+    "cors_allow_headers": "acp_channels._cors",
     "RedisChannelLayer": "acp_channels.layers",
-    "AcpASGIHandler": "acp_channels.handler",
-    "BodyLimit": "acp_channels.limits",
+    "AcpASGIHandler": "acp_channels._handler",
+    "BodyLimit": "acp_channels._limits",
 }
 
 __all__ = [
     "ACP_ALLOW_HEADERS",
+    "ACP_ALLOW_METHODS",
     "ACP_EXPOSE_HEADERS",
     "ANONYMOUS",
+    "CONNECTION_ENV",
+    "PRINCIPAL_ID_ENV",
+    "PRINCIPAL_KIND_ENV",
     "AcpASGIHandler",
     "AgentChannel",
     "AgentClosed",
@@ -59,14 +68,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from acp_channels.agents.channel import AgentChannel, AgentClosed
+    from acp_channels._agents.channel import AgentChannel, AgentClosed
+    from acp_channels._agents.stdio import CONNECTION_ENV, PRINCIPAL_ID_ENV, PRINCIPAL_KIND_ENV
+    from acp_channels._cors import ACP_ALLOW_HEADERS, ACP_ALLOW_METHODS, ACP_EXPOSE_HEADERS, cors_allow_headers
+    from acp_channels._handler import AcpASGIHandler
+    from acp_channels._identity import ANONYMOUS, AgentContext, Principal, TransportKind
+    from acp_channels._limits import BodyLimit
+    from acp_channels._routing import build_asgi_application, websocket_urlpatterns
     from acp_channels.auth import Refused, RequestContext, bearer_token, django_user, settings_tokens
-    from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS, cors_allow_headers
-    from acp_channels.handler import AcpASGIHandler
-    from acp_channels.identity import ANONYMOUS, AgentContext, Principal, TransportKind
     from acp_channels.layers import RedisChannelLayer
-    from acp_channels.limits import BodyLimit
-    from acp_channels.routing import build_asgi_application, websocket_urlpatterns
 
 
 def __getattr__(name: str) -> Any:

@@ -9,21 +9,21 @@ class AcpChannelsConfig(AppConfig):
         # checks and startup register their system checks; cluster_admin registers its ops on
         # the worker bus, metrics_collector its scrape-time gauges on prometheus_client's
         # registry. daphne's patches are not installed here (every manage.py command runs this):
-        # only when daphne serves (acp_channels.patches, "When").
-        from acp_channels import checks, cluster_admin, metrics_collector, startup  # noqa: F401
+        # only when daphne serves (acp_channels._patches, "When").
+        from acp_channels import _checks as checks  # noqa: F401
 
         _skip_database_request_hooks()
-        from acp_channels import logs
+        from acp_channels import _logs as logs
 
         logs.install()  # refusals a client caused: INFO, not WARNING or ERROR
         _import_the_agent()
-        from acp_channels.cors import enable_cors_for_acp
+        from acp_channels._cors import enable_cors_for_acp
 
         try:
             from corsheaders.signals import check_request_enabled
         except ImportError:  # checks.py reports it when CORS is configured
             return
-        check_request_enabled.connect(enable_cors_for_acp, dispatch_uid="acp_channels.cors")
+        check_request_enabled.connect(enable_cors_for_acp, dispatch_uid="acp_channels._cors")
 
 
 def _import_the_agent() -> None:
@@ -35,11 +35,11 @@ def _import_the_agent() -> None:
 
     from django.utils.module_loading import import_string
 
-    from acp_channels.conf import acp_settings
+    from acp_channels._conf import acp_settings
 
     agent = acp_settings.AGENT
     with contextlib.suppress(Exception):
-        import acp_channels.agents.sdk  # noqa: F401  (the acp SDK, for every in-process agent)
+        import acp_channels._agents.sdk  # noqa: F401  (the acp SDK, for every in-process agent)
 
         if isinstance(agent, str) and agent:
             import_string(agent)

@@ -25,14 +25,14 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-from acp_channels.conf import acp_settings
+from acp_channels._conf import acp_settings
+from acp_channels._identity import ANONYMOUS, Principal, TransportKind
 from acp_channels.errors import (
     DEFAULT_CHALLENGE,
 )
 from acp_channels.errors import (
     Refused as Refused,  # re-exported: authenticators raise it from here
 )
-from acp_channels.identity import ANONYMOUS, Principal, TransportKind
 
 #: The WebSocket subprotocol of ACP; the server accepts with it when the client offers it.
 SUBPROTOCOL: Final = "acp"

@@ -9,12 +9,16 @@ credential. The views, the consumer and the cross-worker code answer from these 
 Refusals are the client's doing and logged at INFO; the `ServerFault` branch is ours (ERROR).
 
 Pure Python: the protocol rules, the host and the edges all import it; it imports nothing of ours.
+Public (docs/api.md): the names of `__all__`, for authenticators and agent adapters to raise and
+for code around the server to catch; the other classes are internal.
 """
 
 from __future__ import annotations
 
 from http import HTTPStatus
 from typing import Any, ClassVar, Final, Literal
+
+__all__ = ["AcpError", "AgentClosed", "Refused", "ServerFault", "Unavailable"]
 
 #: WebSocket close codes (RFC 6455 §7.4.1, and the private range 4000-4999 for HTTP statuses).
 TRY_AGAIN_LATER: Final = 1013
@@ -298,7 +302,7 @@ class WorkerFailed(ServerFault):
     def __init__(self, op: str, detail: str, reply: Any = None) -> None:
         super().__init__(f"the connection's worker failed to handle {op} ({detail})")
         self.op = op
-        self.reply = reply  # the cross-worker reply it got (acp_channels.worker_protocol), if any
+        self.reply = reply  # the cross-worker reply it got (acp_channels._worker_protocol), if any
 
     @property
     def text(self) -> str:

@@ -4,9 +4,9 @@ redirects it); the view is CSRF-exempt. Next to it: `health` (liveness), `ready`
 
 from django.urls import path
 
-from acp_channels import probes
-from acp_channels.cors import ENDPOINT_URL_NAME
-from acp_channels.views import acp_endpoint, health
+from acp_channels import _probes as probes
+from acp_channels._cors import ENDPOINT_URL_NAME
+from acp_channels._views import acp_endpoint, health
 
 urlpatterns = [
     path("acp", acp_endpoint, name=ENDPOINT_URL_NAME),

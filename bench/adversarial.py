@@ -67,9 +67,19 @@ BATCH_ENTRIES = 200_000
 MADE_UP_SESSIONS = 2000
 ABANDON_SECONDS = 10.0
 #: The defaults; --window changes how long a non-reading client is watched at most.
-SETTINGS = {"window_s": 60.0, "flat_s": 3.0, "flat_tolerance_mb": 1.0, "after_flat_s": 2.0, "after_max_s": 20.0,
-            "body_timeout_s": 60.0, "batch_timeout_s": 60.0, "probe_interval_s": 0.25, "scenario_timeout_s": 120.0,
-            "rss_cap_mb": 8192.0, "min_available_mb": 2048.0}
+SETTINGS = {
+    "window_s": 60.0,
+    "flat_s": 3.0,
+    "flat_tolerance_mb": 1.0,
+    "after_flat_s": 2.0,
+    "after_max_s": 20.0,
+    "body_timeout_s": 60.0,
+    "batch_timeout_s": 60.0,
+    "probe_interval_s": 0.25,
+    "scenario_timeout_s": 120.0,
+    "rss_cap_mb": 8192.0,
+    "min_available_mb": 2048.0,
+}
 
 
 def log(*parts: Any) -> None:
@@ -92,11 +102,14 @@ class RootedDaphne(Proc):
 
     def start(self, timeout: float = 60.0) -> RootedDaphne:
         path = os.pathsep.join((str(self.root), str(QUIET_AGENT_PATH)))
-        env = {**os.environ, "PYTHONPATH": path, "DJANGO_SETTINGS_MODULE": "demo_project.settings",
-               **self.env}
+        env = {**os.environ, "PYTHONPATH": path, "DJANGO_SETTINGS_MODULE": "demo_project.settings", **self.env}
         self.process = subprocess.Popen(
             ["taskset", "-c", SERVER_CPU, *self.command],
-            cwd=self.root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=self.root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
         )
         ready = threading.Event()
@@ -108,11 +121,23 @@ class RootedDaphne(Proc):
 
 
 def start_server(root: Path, env: dict[str, str] | None = None) -> RootedDaphne:
-    command = [sys.executable, "-m", "daphne", "-e", "tcp:port=0:interface=127.0.0.1:backlog=2048",
-               "--websocket_timeout", "-1", "--websocket-max-message-size", MAX_MESSAGE,
-               "--websocket-max-frame-size", MAX_MESSAGE, "demo_project.asgi:application"]
-    server = RootedDaphne("daphne", command, DAPHNE_READY, {"ACP_SHUTDOWN_GRACE_SECONDS": "1", **(env or {})},
-                          root=root)
+    command = [
+        sys.executable,
+        "-m",
+        "daphne",
+        "-e",
+        "tcp:port=0:interface=127.0.0.1:backlog=2048",
+        "--websocket_timeout",
+        "-1",
+        "--websocket-max-message-size",
+        MAX_MESSAGE,
+        "--websocket-max-frame-size",
+        MAX_MESSAGE,
+        "demo_project.asgi:application",
+    ]
+    server = RootedDaphne(
+        "daphne", command, DAPHNE_READY, {"ACP_SHUTDOWN_GRACE_SECONDS": "1", **(env or {})}, root=root
+    )
     return server.start()
 
 
@@ -142,8 +167,10 @@ class RssTrace:
         if rss > SETTINGS["rss_cap_mb"] * MIB:
             reason = f"stopped at cap: server RSS {mb(rss):,.0f} MiB > {SETTINGS['rss_cap_mb']:g} MiB"
         elif available is not None and available < SETTINGS["min_available_mb"] * MIB:
-            reason = (f"stopped at cap: MemAvailable {mb(available):,.0f} MiB < "
-                      f"{SETTINGS['min_available_mb']:g} MiB (server RSS {mb(rss):,.0f} MiB)")
+            reason = (
+                f"stopped at cap: MemAvailable {mb(available):,.0f} MiB < "
+                f"{SETTINGS['min_available_mb']:g} MiB (server RSS {mb(rss):,.0f} MiB)"
+            )
         else:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -199,8 +226,7 @@ def request(request_id: int, method: str, params: dict[str, Any] | None = None) 
 
 
 def prompt(request_id: int, session_id: str, text: str) -> dict[str, Any]:
-    return request(request_id, "session/prompt",
-                   {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]})
+    return request(request_id, "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]})
 
 
 def accepted(response: RawResponse | Closed, what: str) -> None:
@@ -212,8 +238,10 @@ def open_session(port: int) -> tuple[str, SseStream, str]:
     """initialize, the connection stream, session/new: (connection id, that stream, session id)."""
     connection_id = rawhttp.initialize(port)
     stream = SseStream.open(port, connection_id)
-    accepted(rawhttp.post_json(port, request(1, "session/new", {"cwd": "/tmp", "mcpServers": []}), connection_id),
-             "session/new")
+    accepted(
+        rawhttp.post_json(port, request(1, "session/new", {"cwd": "/tmp", "mcpServers": []}), connection_id),
+        "session/new",
+    )
     reply = stream.until_reply(1)
     return connection_id, stream, reply["result"]["sessionId"]
 
@@ -424,20 +452,26 @@ class InitializeProbe:
 def latency_summary(values: list[float]) -> dict[str, Any]:
     if not values:
         return {"n": 0}
-    return {"n": len(values), "median_ms": round(statistics.median(values) * 1000, 1),
-            "max_ms": round(max(values) * 1000, 1)}
+    return {
+        "n": len(values),
+        "median_ms": round(statistics.median(values) * 1000, 1),
+        "max_ms": round(max(values) * 1000, 1),
+    }
 
 
 def batch(ctx: Context) -> None:
     connection_id = rawhttp.initialize(ctx.port)
     stream = SseStream.open(ctx.port, connection_id, timeout=SETTINGS["batch_timeout_s"])
     idle = InitializeProbe(ctx.port)
-    ctx.out["initialize_idle"] = latency_summary([s for s in (idle.sample() for _ in range(5))
-                                                  if isinstance(s, float)])
-    body = b"[" + b",".join(
-        b'{"jsonrpc":"2.0","id":%d,"method":"authenticate","params":{"methodId":"x"}}' % i
-        for i in range(BATCH_ENTRIES)
-    ) + b"]"
+    ctx.out["initialize_idle"] = latency_summary([s for s in (idle.sample() for _ in range(5)) if isinstance(s, float)])
+    body = (
+        b"["
+        + b",".join(
+            b'{"jsonrpc":"2.0","id":%d,"method":"authenticate","params":{"methodId":"x"}}' % i
+            for i in range(BATCH_ENTRIES)
+        )
+        + b"]"
+    )
     ctx.out["body_mb"] = mb(len(body))
     started = time.monotonic()
     probe = InitializeProbe(ctx.port).start()
@@ -514,9 +548,11 @@ SCENARIOS: dict[str, tuple[str, Callable[[Context], None], dict[str, str]]] = {
     "c_body_chunked": ("c. 1 GiB POST body, chunked", body_chunked, {}),
     "d_batch_default": ("d. batch of 200,000 requests, default batch limit", batch, {}),
     # The pending-requests cap is raised with it: the batch's entries are all pending at once.
-    "d_batch_200000": ("d. batch of 200,000 requests, ACP_MAX_BATCH_ENTRIES=200000 "
-                       "(and ACP_MAX_PENDING_REQUESTS=200000)", batch,
-                       {"ACP_MAX_BATCH_ENTRIES": str(BATCH_ENTRIES), "ACP_MAX_PENDING_REQUESTS": str(BATCH_ENTRIES)}),
+    "d_batch_200000": (
+        "d. batch of 200,000 requests, ACP_MAX_BATCH_ENTRIES=200000 (and ACP_MAX_PENDING_REQUESTS=200000)",
+        batch,
+        {"ACP_MAX_BATCH_ENTRIES": str(BATCH_ENTRIES), "ACP_MAX_PENDING_REQUESTS": str(BATCH_ENTRIES)},
+    ),
     "e_made_up_sessions": ("e. 2,000 GETs with made-up Acp-Session-Id", made_up_sessions, {}),
     "f_abandoned": ("f. initialize for 10 s without DELETE", abandoned, {}),
 }
@@ -731,8 +767,9 @@ class SseNonReader:
         self.sock.sendall(rawhttp.stream_request(self.connection_id, self.session_id))
 
     def send_prompt(self, text: str) -> str:
-        answer = rawhttp.post_json(self.port, prompt(PROMPT_ID, self.session_id, text), self.connection_id,
-                                   self.session_id, timeout=30.0)
+        answer = rawhttp.post_json(
+            self.port, prompt(PROMPT_ID, self.session_id, text), self.connection_id, self.session_id, timeout=30.0
+        )
         accepted_ = isinstance(answer, RawResponse) and answer.status == 202
         return "" if accepted_ else f"prompt answered {response_summary(answer)}"
 
@@ -785,8 +822,11 @@ def probe_summary(probe: InitializeProbe, since: float, until: float, killed_at:
     """The probes started in [since, until]; with `killed_at`, failures that came after the server
     was killed at the cap are left out (counted as `cut_by_kill`)."""
     during = [(at, value) for at, value in probe.samples if since <= at <= until]
-    cut = [at for at, value in during
-           if killed_at and isinstance(value, str) and probe.finished.get(at, killed_at) >= killed_at]
+    cut = [
+        at
+        for at, value in during
+        if killed_at and isinstance(value, str) and probe.finished.get(at, killed_at) >= killed_at
+    ]
     during = [(at, value) for at, value in during if at not in cut]
     summary = latency_summary([v for _, v in during if isinstance(v, float)])
     if cut:
@@ -836,7 +876,8 @@ def flood(spec: Flood, ctx: Context) -> None:
         for _ in range(spec.connections):
             clients.append(kind(ctx.port))
         ctx.out["initialize_idle"] = latency_summary(
-            [s for s in (InitializeProbe(ctx.port).sample() for _ in range(5)) if isinstance(s, float)])
+            [s for s in (InitializeProbe(ctx.port).sample() for _ in range(5)) if isinstance(s, float)]
+        )
         started = time.monotonic()
         probe = InitializeProbe(ctx.port, limit=int(SETTINGS["window_s"] / SETTINGS["probe_interval_s"]) + 1).start()
         refusals = [refusal for refusal in (client.send_prompt(spec.text) for client in clients) if refusal]
@@ -871,10 +912,13 @@ def flood(spec: Flood, ctx: Context) -> None:
         ctx.out["drain_s"] = round(time.monotonic() - drain_started, 1)
         done = [result for result in drained if result is not None]
         ctx.out["drained_mb"] = mb(sum(scan.received for scan, _ in done))
-        ctx.out["client_saw"] = tally([scan.summary(ending) for scan, ending in done]
-                                      + ["drain did not return"] * (len(clients) - len(done)))
-        for name, texts in (("first_notice", [t for scan, _ in done for t in scan.notices]),
-                            ("first_other_message", [t for scan, _ in done for t in scan.others])):
+        ctx.out["client_saw"] = tally(
+            [scan.summary(ending) for scan, ending in done] + ["drain did not return"] * (len(clients) - len(done))
+        )
+        for name, texts in (
+            ("first_notice", [t for scan, _ in done for t in scan.notices]),
+            ("first_other_message", [t for scan, _ in done for t in scan.others]),
+        ):
             if texts:
                 ctx.out[name] = texts[0]
     finally:
@@ -899,19 +943,24 @@ def ws_inbound(fragments: bool, ctx: Context) -> None:
         if not isinstance(answer, RawResponse) or answer.status != 101:
             raise RuntimeError(f"upgrade: {answer}")
         frames = WsReader(sock, answer.body)
-        sock.sendall(rawhttp.ws_frame(rawhttp.TEXT, json.dumps(request(0, "initialize", {"protocolVersion": 1}))
-                                      .encode()))
+        sock.sendall(
+            rawhttp.ws_frame(rawhttp.TEXT, json.dumps(request(0, "initialize", {"protocolVersion": 1})).encode())
+        )
         frames.json_until(0)
-        sock.sendall(rawhttp.ws_frame(rawhttp.TEXT, json.dumps(
-            request(1, "session/new", {"cwd": "/tmp", "mcpServers": []})).encode()))
+        sock.sendall(
+            rawhttp.ws_frame(
+                rawhttp.TEXT, json.dumps(request(1, "session/new", {"cwd": "/tmp", "mcpServers": []})).encode()
+            )
+        )
         session_id = frames.json_until(1)["result"]["sessionId"]
         envelope = len(json.dumps(prompt(PROMPT_ID, session_id, "")).encode())
         payload = json.dumps(prompt(PROMPT_ID, session_id, "x" * (INBOUND_BYTES - envelope))).encode()
         if fragments:
-            pieces = [payload[at:at + INBOUND_FRAGMENT] for at in range(0, len(payload), INBOUND_FRAGMENT)]
+            pieces = [payload[at : at + INBOUND_FRAGMENT] for at in range(0, len(payload), INBOUND_FRAGMENT)]
             data = b"".join(
                 rawhttp.ws_frame(rawhttp.TEXT if i == 0 else rawhttp.CONTINUATION, piece, fin=i == len(pieces) - 1)
-                for i, piece in enumerate(pieces))
+                for i, piece in enumerate(pieces)
+            )
         else:
             pieces = [payload]
             data = rawhttp.ws_frame(rawhttp.TEXT, payload)
@@ -919,15 +968,14 @@ def ws_inbound(fragments: bool, ctx: Context) -> None:
         ctx.out["frames"] = len(pieces)
         del payload, pieces
         outcome: list[tuple[MessageScan, str]] = []
-        reader = threading.Thread(target=lambda: outcome.append(drain_ws(frames, time.monotonic() + 30.0)),
-                                  daemon=True)
+        reader = threading.Thread(target=lambda: outcome.append(drain_ws(frames, time.monotonic() + 30.0)), daemon=True)
         started = time.monotonic()
         reader.start()
         sent = 0
         view = memoryview(data)
         try:
             while sent < len(data):
-                sent += sock.send(view[sent:sent + MIB])
+                sent += sock.send(view[sent : sent + MIB])
         except OSError as error:
             ctx.out["send_ended_by"] = type(error).__name__
         ctx.out["sent_mb"] = mb(sent)
@@ -952,15 +1000,25 @@ def ws_inbound(fragments: bool, ctx: Context) -> None:
 
 
 #: The grid with the demo agent, then its largest chunks again with the agent keeping no copy.
-FLOODS = [Flood(transport, connections, size, count, quiet) for transport in ("sse", "ws")
-          for quiet, grid in ((False, LARGE_GRID), (True, LARGE_GRID[-1:]))
-          for connections in LARGE_CONNECTIONS for size, count in grid]
+FLOODS = [
+    Flood(transport, connections, size, count, quiet)
+    for transport in ("sse", "ws")
+    for quiet, grid in ((False, LARGE_GRID), (True, LARGE_GRID[-1:]))
+    for connections in LARGE_CONNECTIONS
+    for size, count in grid
+]
 LARGE_SCENARIOS: dict[str, tuple[str, Callable[[Context], None], dict[str, str]]] = {
     **{spec.key: (spec.title, functools.partial(flood, spec), QUIET_AGENT if spec.quiet else {}) for spec in FLOODS},
-    "ws_inbound_17mb": ("one 17 MB WebSocket text message in one frame (limit 16781312)",
-                        functools.partial(ws_inbound, False), {}),
-    "ws_inbound_17mb_fragments": ("one 17 MB WebSocket text message in 1 MB fragments (limit 16781312)",
-                                  functools.partial(ws_inbound, True), {}),
+    "ws_inbound_17mb": (
+        "one 17 MB WebSocket text message in one frame (limit 16781312)",
+        functools.partial(ws_inbound, False),
+        {},
+    ),
+    "ws_inbound_17mb_fragments": (
+        "one 17 MB WebSocket text message in 1 MB fragments (limit 16781312)",
+        functools.partial(ws_inbound, True),
+        {},
+    ),
 }
 
 
@@ -1015,17 +1073,24 @@ def describe(root: Path) -> dict[str, Any]:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
 
     dirty = " (dirty)" if git("status", "--porcelain", "acp_channels", "demo_project") else ""
-    return {"server_root": str(root), "commit": git("rev-parse", "--short", "HEAD") + dirty,
-            "branch": git("rev-parse", "--abbrev-ref", "HEAD")}
+    return {
+        "server_root": str(root),
+        "commit": git("rev-parse", "--short", "HEAD") + dirty,
+        "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+    }
 
 
 def run(root: Path, group: Group, selected: list[str], label: str) -> dict[str, Any]:
     results: dict[str, Any] = {
-        "meta": {"label": label, **describe(root),
-                 "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                 "machine": machine(), "settings": SETTINGS,
-                 "pinning": f"server on CPU {SERVER_CPU}, clients on CPU {LOADGEN_CPU}",
-                 "python": sys.version.split()[0]},
+        "meta": {
+            "label": label,
+            **describe(root),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine(),
+            "settings": SETTINGS,
+            "pinning": f"server on CPU {SERVER_CPU}, clients on CPU {LOADGEN_CPU}",
+            "python": sys.version.split()[0],
+        },
         "scenarios": {},
     }
     started = time.monotonic()
@@ -1091,34 +1156,56 @@ ROWS: list[tuple[str, str, str]] = [
 ]
 #: The same for --scenarios large.
 LARGE_ROWS: list[tuple[str, str, str]] = [
-    *((spec.key, name, label) for spec in FLOODS for name, label in (
-        ("offered_mb", "offered, all connections together (MiB)"),
-        ("peak_growth_mb", "peak RSS growth while the clients do not read (MiB)"),
-        ("watched_s", "watched for (s)"),
-        ("ended_by", "watch ended by (flat 3 s / window / cap)"),
-        ("initialize_idle", "another client's initialize, idle server (ms)"),
-        ("initialize_during", "another client's initialize during the watch (ms)"),
-        ("client_saw", f"what the clients got once they read (at most {LARGE_SETTINGS['drain_max_s']:g} s)"),
-        ("drained_mb", "read by the clients then (MiB)"),
-        ("drain_s", "reading took (s)"),
-        ("growth_after_clients_left_mb", "RSS growth after the clients left (MiB)"),
-        ("peak_growth_whole_mb", "peak RSS growth, whole scenario (MiB)"),
-    )),
-    *((key, name, label) for key in ("ws_inbound_17mb", "ws_inbound_17mb_fragments") for name, label in (
-        ("message_bytes", "message (bytes)"),
-        ("frames", "frames"),
-        ("client_saw", "what the client got"),
-        ("answered_after_s", "answered after (s)"),
-        ("sent_mb", "sent before the answer (MiB)"),
-        ("peak_growth_mb", "peak RSS growth (MiB)"),
-        ("growth_after_mb", "RSS growth afterwards (MiB)"),
-        ("initialize_after", "another client's initialize right after (ms)"),
-    )),
+    *(
+        (spec.key, name, label)
+        for spec in FLOODS
+        for name, label in (
+            ("offered_mb", "offered, all connections together (MiB)"),
+            ("peak_growth_mb", "peak RSS growth while the clients do not read (MiB)"),
+            ("watched_s", "watched for (s)"),
+            ("ended_by", "watch ended by (flat 3 s / window / cap)"),
+            ("initialize_idle", "another client's initialize, idle server (ms)"),
+            ("initialize_during", "another client's initialize during the watch (ms)"),
+            ("client_saw", f"what the clients got once they read (at most {LARGE_SETTINGS['drain_max_s']:g} s)"),
+            ("drained_mb", "read by the clients then (MiB)"),
+            ("drain_s", "reading took (s)"),
+            ("growth_after_clients_left_mb", "RSS growth after the clients left (MiB)"),
+            ("peak_growth_whole_mb", "peak RSS growth, whole scenario (MiB)"),
+        )
+    ),
+    *(
+        (key, name, label)
+        for key in ("ws_inbound_17mb", "ws_inbound_17mb_fragments")
+        for name, label in (
+            ("message_bytes", "message (bytes)"),
+            ("frames", "frames"),
+            ("client_saw", "what the client got"),
+            ("answered_after_s", "answered after (s)"),
+            ("sent_mb", "sent before the answer (MiB)"),
+            ("peak_growth_mb", "peak RSS growth (MiB)"),
+            ("growth_after_mb", "RSS growth afterwards (MiB)"),
+            ("initialize_after", "another client's initialize right after (ms)"),
+        )
+    ),
 ]
 #: Shown per scenario below the figures, not in the table.
-EXTRA = ("baseline_mb", "scenario_s", "server_errors", "server_error_lines", "error", "env", "note", "stopped",
-         "prompts_sent_s", "prompt_refused", "growth_at_watch_end_mb", "settle_after_left_s", "first_notice",
-         "first_other_message", "send_ended_by")
+EXTRA = (
+    "baseline_mb",
+    "scenario_s",
+    "server_errors",
+    "server_error_lines",
+    "error",
+    "env",
+    "note",
+    "stopped",
+    "prompts_sent_s",
+    "prompt_refused",
+    "growth_at_watch_end_mb",
+    "settle_after_left_s",
+    "first_notice",
+    "first_other_message",
+    "send_ended_by",
+)
 
 
 @dataclass(frozen=True)
@@ -1139,13 +1226,15 @@ class Group:
 
 def large_summary(runs: list[dict[str, Any]], names: list[str]) -> list[str]:
     """Peak RSS growth against chunk size x count, one column per run and connection count."""
-    columns = [(run, name, connections) for run, name in zip(runs, names, strict=True)
-               for connections in LARGE_CONNECTIONS]
+    columns = [
+        (run, name, connections) for run, name in zip(runs, names, strict=True) for connections in LARGE_CONNECTIONS
+    ]
     lines = [
         "## Peak RSS growth while the clients do not read (MiB)",
         "",
         "| transport | prompt on each connection | agent | offered per connection (MiB) | "
-        + " | ".join(f"{name}, {n} connection{'s' if n > 1 else ''}" for _, name, n in columns) + " |",
+        + " | ".join(f"{name}, {n} connection{'s' if n > 1 else ''}" for _, name, n in columns)
+        + " |",
         "|---|---|---|---|" + "---|" * len(columns),
     ]
     what = {"sse": "SSE (session stream)", "ws": "WebSocket"}
@@ -1158,33 +1247,50 @@ def large_summary(runs: list[dict[str, Any]], names: list[str]) -> list[str]:
             elif "peak_growth_mb" not in outcome:
                 values.append("failed")
             else:
-                values.append(cell(outcome["peak_growth_mb"])
-                              + (" (stopped at cap)" if outcome.get("ended_by") == "cap" else ""))
+                values.append(
+                    cell(outcome["peak_growth_mb"]) + (" (stopped at cap)" if outcome.get("ended_by") == "cap" else "")
+                )
         agent = "demo, keeping no copy" if quiet else "demo"
-        lines.append(f"| {what[transport]} | `stream {count} {size}` | {agent} | {cell(mb(size * count))} | "
-                     + " | ".join(values) + " |")
+        lines.append(
+            f"| {what[transport]} | `stream {count} {size}` | {agent} | {cell(mb(size * count))} | "
+            + " | ".join(values)
+            + " |"
+        )
     return [*lines, "", "## Every figure", ""]
 
 
 GROUPS: dict[str, Group] = {
-    "hostile": Group(SCENARIOS, ROWS, "adversarial.json", "adversarial-before.json", "ADVERSARIAL.md",
-                     "Hostile and slow clients: what they cost the server", "python -m bench.adversarial",
-                     "RSS growth is against the server's RSS after one warm-up connection; each scenario ran on "
-                     "a fresh daphne."),
-    "large": Group(LARGE_SCENARIOS, LARGE_ROWS, "adversarial-large.json", "adversarial-large-before.json",
-                   "ADVERSARIAL-LARGE.md", "Large agent messages to clients that do not read",
-                   "python -m bench.adversarial --scenarios large",
-                   "RSS growth is against the server's RSS after one warm-up connection, in MiB; chunk sizes are "
-                   "bytes; each scenario ran on a fresh daphne (`--websocket-max-message-size 16781312`, as "
-                   "`./dev.sh demo`) with the demo's default settings. A client that does not read has a 4 KiB "
-                   "receive buffer; after the watch each reads what it was sent (pings answered) until the "
-                   f"prompt's reply, a close or {LARGE_SETTINGS['drain_max_s']:g} s, to show what it got. The demo "
-                   "agent keeps a copy of every chunk it sends (the turn's output, joined into its transcript when "
-                   "the turn ends: up to twice what it streams, in the same process); the rows *keeping no copy* "
-                   "run the same agent without it (bench/quiet_agent), so what they show is the server's own. "
-                   "The server is killed when its RSS passes the cap (`rss_cap_mb`) or the machine's MemAvailable "
-                   "falls under `min_available_mb`.",
-                   LARGE_SETTINGS, large_summary),
+    "hostile": Group(
+        SCENARIOS,
+        ROWS,
+        "adversarial.json",
+        "adversarial-before.json",
+        "ADVERSARIAL.md",
+        "Hostile and slow clients: what they cost the server",
+        "python -m bench.adversarial",
+        "RSS growth is against the server's RSS after one warm-up connection; each scenario ran on a fresh daphne.",
+    ),
+    "large": Group(
+        LARGE_SCENARIOS,
+        LARGE_ROWS,
+        "adversarial-large.json",
+        "adversarial-large-before.json",
+        "ADVERSARIAL-LARGE.md",
+        "Large agent messages to clients that do not read",
+        "python -m bench.adversarial --scenarios large",
+        "RSS growth is against the server's RSS after one warm-up connection, in MiB; chunk sizes are "
+        "bytes; each scenario ran on a fresh daphne (`--websocket-max-message-size 16781312`, as "
+        "`./dev.sh demo`) with the demo's default settings. A client that does not read has a 4 KiB "
+        "receive buffer; after the watch each reads what it was sent (pings answered) until the "
+        f"prompt's reply, a close or {LARGE_SETTINGS['drain_max_s']:g} s, to show what it got. The demo "
+        "agent keeps a copy of every chunk it sends (the turn's output, joined into its transcript when "
+        "the turn ends: up to twice what it streams, in the same process); the rows *keeping no copy* "
+        "run the same agent without it (bench/quiet_agent), so what they show is the server's own. "
+        "The server is killed when its RSS passes the cap (`rss_cap_mb`) or the machine's MemAvailable "
+        "falls under `min_available_mb`.",
+        LARGE_SETTINGS,
+        large_summary,
+    ),
 }
 
 
@@ -1275,19 +1381,33 @@ def default_report_inputs(group: Group) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server-root", default=str(ROOT), help="checkout whose daphne + demo to measure")
-    parser.add_argument("--scenarios", choices=GROUPS, default="hostile",
-                        help="hostile: a-f (ADVERSARIAL.md); large: large agent messages to clients that do not "
-                             "read and one oversized inbound WebSocket message (ADVERSARIAL-LARGE.md)")
-    parser.add_argument("--out", help="results file (default bench/adversarial.json, with --scenarios large "
-                                      "bench/adversarial-large.json)")
+    parser.add_argument(
+        "--scenarios",
+        choices=GROUPS,
+        default="hostile",
+        help="hostile: a-f (ADVERSARIAL.md); large: large agent messages to clients that do not "
+        "read and one oversized inbound WebSocket message (ADVERSARIAL-LARGE.md)",
+    )
+    parser.add_argument(
+        "--out",
+        help="results file (default bench/adversarial.json, with --scenarios large bench/adversarial-large.json)",
+    )
     parser.add_argument("--label", default="", help="column title (default: before/after by file name)")
-    parser.add_argument("--only", default="", help="comma-separated subset of the group's scenarios: "
-                        + "; ".join(f"{name}: {','.join(group.scenarios)}" for name, group in GROUPS.items()))
-    parser.add_argument("--window", type=float, default=SETTINGS["window_s"],
-                        help="longest watch of a client that does not read (s)")
-    parser.add_argument("--render", nargs="*", metavar="RESULTS",
-                        help="only write the group's report from these results files (default: the standard "
-                             "ones)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated subset of the group's scenarios: "
+        + "; ".join(f"{name}: {','.join(group.scenarios)}" for name, group in GROUPS.items()),
+    )
+    parser.add_argument(
+        "--window", type=float, default=SETTINGS["window_s"], help="longest watch of a client that does not read (s)"
+    )
+    parser.add_argument(
+        "--render",
+        nargs="*",
+        metavar="RESULTS",
+        help="only write the group's report from these results files (default: the standard ones)",
+    )
     parser.add_argument("--no-report", action="store_true")
     args = parser.parse_args()
     group = GROUPS[args.scenarios]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from acp.schema import PromptResponse
-from acp_channels.identity import AgentContext
+from acp_channels._identity import AgentContext
 from demo_project.agent import DemoAgent
 
 

@@ -16,7 +16,7 @@ import os
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings_lean"
 
-from acp_channels.routing import build_asgi_application
+from acp_channels._routing import build_asgi_application
 from django.core import signals
 from django.db import close_old_connections, reset_queries
 

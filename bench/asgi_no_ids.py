@@ -15,8 +15,8 @@ import os
 os.environ["ACP_REPLAY_WINDOW_EVENTS"] = "0"
 os.environ["ACP_REPLAY_WINDOW_BYTES"] = "0"
 
-from acp_channels import views
-from acp_channels.conf import acp_settings
+from acp_channels import _views as views
+from acp_channels._conf import acp_settings
 from demo_project.asgi import application
 
 

@@ -10,7 +10,7 @@ cluster with the patch.
 
 from __future__ import annotations
 
-from acp_channels.consumers import AcpWebsocketConsumer
+from acp_channels._consumers import AcpWebsocketConsumer
 from demo_project.asgi import application
 
 AcpWebsocketConsumer.channel_layer_alias = None  # type: ignore[assignment]

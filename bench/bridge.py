@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from acp_channels import protocol
+from acp_channels import _protocol as protocol
 from acp_channels.client import HttpClient
 
 from bench.run import LOADGEN_CPU, log, machine, percentiles, summarize, versions

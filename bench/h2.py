@@ -169,7 +169,7 @@ def established_connections(port: int) -> int:
 
 
 def http_client(mode: str, cafile: str) -> httpx.AsyncClient:
-    from acp_channels.client.h2_transport import fair_h2_transport
+    from acp_channels.client._h2_transport import fair_h2_transport
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     context = ssl.create_default_context(cafile=cafile)

@@ -59,8 +59,11 @@ def make_server(key: str) -> Any:
     server = Server()
     port = free_port()
     server.procs = [
-        Proc("daphne (plain)", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                "demo_project.asgi:application"], DAPHNE_READY)
+        Proc(
+            "daphne (plain)",
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "demo_project.asgi:application"],
+            DAPHNE_READY,
+        )
     ]
     return server
 
@@ -94,9 +97,23 @@ def node_generator(key: str, server: Any, transport: str) -> dict[str, float]:
         ("rtt", "rtt_ms", NODE_SIZES["rtt"], NODE_SIZES["rtt_warmup"]),
     ):
         done = subprocess.run(
-            ["taskset", "-c", str(LOADGEN_CPU), "node", str(HERE / "independent_client.mjs"), server.url, transport,
-             scenario, str(count), str(NODE_SIZES["reps"]), str(warmup)],
-            capture_output=True, text=True, timeout=600, check=True,
+            [
+                "taskset",
+                "-c",
+                str(LOADGEN_CPU),
+                "node",
+                str(HERE / "independent_client.mjs"),
+                server.url,
+                transport,
+                scenario,
+                str(count),
+                str(NODE_SIZES["reps"]),
+                str(warmup),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
         )
         out[metric] = statistics.median(json.loads(done.stdout.strip().splitlines()[-1])["samples"])
     return out
@@ -110,7 +127,7 @@ async def run() -> dict[str, Any]:
     load_before = " ".join(f"{value:.2f}" for value in os.getloadavg())
     rounds: list[dict[str, Any]] = []
     for number in range(ROUNDS):
-        order = SERVER_KEYS[number % len(SERVER_KEYS):] + SERVER_KEYS[: number % len(SERVER_KEYS)]
+        order = SERVER_KEYS[number % len(SERVER_KEYS) :] + SERVER_KEYS[: number % len(SERVER_KEYS)]
         measured: dict[str, Any] = {}
         for key in order:
             server = make_server(key).start()
@@ -120,9 +137,13 @@ async def run() -> dict[str, Any]:
                         "bench": await bench_generator(key, server, transport),
                         "node": await asyncio.to_thread(node_generator, key, server, transport),
                     }
-                    log(f"  round {number + 1} {key} {transport}: " + ", ".join(
-                        f"{generator} {values['stream']:,.0f} msg/s rtt {values['rtt_ms']:.2f} ms"
-                        for generator, values in done.items()))
+                    log(
+                        f"  round {number + 1} {key} {transport}: "
+                        + ", ".join(
+                            f"{generator} {values['stream']:,.0f} msg/s rtt {values['rtt_ms']:.2f} ms"
+                            for generator, values in done.items()
+                        )
+                    )
             finally:
                 server.stop()
         rounds.append(measured)

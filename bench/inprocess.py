@@ -64,14 +64,17 @@ class HostMemoryClient(AcpClient):
     transport = "memory"
 
     async def open(self) -> None:
-        from acp_channels import protocol
-        from acp_channels.agents.sdk import SdkAgentChannel
-        from acp_channels.host import ConnectionHost
+        from acp_channels import _protocol as protocol
+        from acp_channels._agents.sdk import SdkAgentChannel
+        from acp_channels._host import ConnectionHost
         from demo_project.agent import create_agent
 
         self._protocol = protocol
         self.host = ConnectionHost(
-            "bench", SdkAgentChannel(create_agent()), "http", max_buffered_bytes=64 * 1024 * 1024,
+            "bench",
+            SdkAgentChannel(create_agent()),
+            "http",
+            max_buffered_bytes=64 * 1024 * 1024,
             on_end=lambda host: None,
         )
         text = orjson.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT_PARAMS}).decode()

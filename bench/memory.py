@@ -80,8 +80,10 @@ async def measure(key: str, transport: str) -> dict[str, Any]:
 
     server = SERVERS[key]().start()
     try:
-        factory = (lambda: HttpAcp(server.url, **server.client_options)) if transport == "http" else (
-            lambda: WsAcp(server.url, **server.client_options)
+        factory = (
+            (lambda: HttpAcp(server.url, **server.client_options))
+            if transport == "http"
+            else (lambda: WsAcp(server.url, **server.client_options))
         )
         for _ in range(20):  # warm: imports, first allocations
             client = factory()
@@ -186,10 +188,15 @@ async def run_profile() -> dict[str, Any]:
     breakdown = {}
     for transport in ("http", "ws"):
         breakdown[transport] = done = await profile(transport)
-        log(f"  profile {transport}: {sum(done['connection'].values()) / 1024:.0f} KiB per connection, "
-            f"{sum(done['session'].values()) / 1024:.0f} KiB per session")
-    return {"commit": __import__("bench.cluster_hop", fromlist=["commit_of"]).commit_of(HERE.parent),
-            "clients": PROFILE_CLIENTS, "breakdown": breakdown}
+        log(
+            f"  profile {transport}: {sum(done['connection'].values()) / 1024:.0f} KiB per connection, "
+            f"{sum(done['session'].values()) / 1024:.0f} KiB per session"
+        )
+    return {
+        "commit": __import__("bench.cluster_hop", fromlist=["commit_of"]).commit_of(HERE.parent),
+        "clients": PROFILE_CLIENTS,
+        "breakdown": breakdown,
+    }
 
 
 async def run() -> dict[str, Any]:
@@ -202,8 +209,10 @@ async def run() -> dict[str, Any]:
         for transport in ("http", "ws"):
             try:
                 results.setdefault(key, {})[transport] = done = await measure(key, transport)
-                log(f"  {key} {transport}: {done['connection_kib']:.0f} KiB per connection, "
-                    f"{done['session_kib']:.0f} KiB per session")
+                log(
+                    f"  {key} {transport}: {done['connection_kib']:.0f} KiB per connection, "
+                    f"{done['session_kib']:.0f} KiB per session"
+                )
             except Exception as error:
                 results.setdefault(key, {})[transport] = {"error": f"{type(error).__name__}: {error}"}
                 log(f"  {key} {transport}: FAILED {error}")
@@ -240,8 +249,11 @@ def render(data: dict[str, Any]) -> str:
             else:
                 cells += [f"{done['connection_kib']:.0f}", f"{done['session_kib']:.0f}"]
         base = transports.get("http", {}).get("base_mib")
-        lines.append(f"| {SERVERS[key].label} | {' | '.join(cells)} | {base:.0f} |" if base else
-                     f"| {SERVERS[key].label} | {' | '.join(cells)} | |")
+        lines.append(
+            f"| {SERVERS[key].label} | {' | '.join(cells)} | {base:.0f} |"
+            if base
+            else f"| {SERVERS[key].label} | {' | '.join(cells)} | |"
+        )
     if "profile" in data:
         lines += render_profile(data["profile"])
     return "\n".join(lines) + "\n"

@@ -177,11 +177,28 @@ def main() -> None:
     recorders: list[subprocess.Popen[bytes]] = []
 
     def record() -> None:
-        recorders.append(subprocess.Popen(
-            ["taskset", "-c", str(LOADGEN_CPU), str(spy), "record", "--pid", str(target.pid), "--rate",
-             str(args.rate), "--format", "raw", "--nonblocking", "--output", str(collapsed)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))
+        recorders.append(
+            subprocess.Popen(
+                [
+                    "taskset",
+                    "-c",
+                    str(LOADGEN_CPU),
+                    str(spy),
+                    "record",
+                    "--pid",
+                    str(target.pid),
+                    "--rate",
+                    str(args.rate),
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    str(collapsed),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         time.sleep(0.5)  # py-spy attaches
 
     try:

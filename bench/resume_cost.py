@@ -11,7 +11,7 @@ Three variants of one server (bench/servers.py), all started at once, each pinne
 core, the load generator on the other core (as bench.run pins them):
 
 - `ours-daphne`: as shipped, an `id:` line on every SSE event and a replay window per stream
-  (the REPLAY_WINDOW_EVENTS and REPLAY_WINDOW_BYTES defaults of acp_channels.conf);
+  (the REPLAY_WINDOW_EVENTS and REPLAY_WINDOW_BYTES defaults of acp_channels._conf);
 - `ours-daphne-nowindow`: ids, window settings 0;
 - `ours-daphne-noids`: no id lines and no window (bench/asgi_no_ids.py), the baseline.
 
@@ -64,7 +64,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from acp_channels.conf import DEFAULTS
+from acp_channels._conf import DEFAULTS
 
 #: The shipped window: what `ours-daphne` runs with.
 WINDOW_EVENTS: int = DEFAULTS["REPLAY_WINDOW_EVENTS"]
@@ -133,9 +133,9 @@ def micro(events: int, batch: int) -> dict[str, Any]:
     import django
 
     django.setup()
-    from acp_channels import protocol
-    from acp_channels.host import Mailbox, OutboundBudget
-    from acp_channels.protocol import event_id
+    from acp_channels import _protocol as protocol
+    from acp_channels._host import Mailbox, OutboundBudget
+    from acp_channels._protocol import event_id
 
     def frame(index: int) -> str:  # a demo-agent chunk as the host serializes it
         text = f"{index:05d}:".ljust(64, "x")
@@ -463,17 +463,17 @@ async def memory(key: str, sizes: dict[str, Any]) -> dict[str, Any]:
 
 #: (label, function qualname, file, a text on the line to count, or None for the whole function)
 PROFILE_TARGETS = [
-    ("sse_body (views.py): the SSE write loop, all of it", "sse_body", "acp_channels/views.py", None),
-    ("sse_event (protocol/sse.py): one event's bytes", "sse_event", "acp_channels/protocol/sse.py", None),
-    ("sse_event: the `id:` line", "sse_event", "acp_channels/protocol/sse.py", 'b"id: "'),
-    ("event_id (protocol/sse.py): the id text", "event_id", "acp_channels/protocol/sse.py", None),
-    ("Mailbox.take (host/mailbox.py)", "Mailbox.take", "acp_channels/host/mailbox.py", None),
-    ("Mailbox.settle (host/mailbox.py)", "Mailbox.settle", "acp_channels/host/mailbox.py", None),
+    ("sse_body (views.py): the SSE write loop, all of it", "sse_body", "acp_channels/_views.py", None),
+    ("sse_event (protocol/sse.py): one event's bytes", "sse_event", "acp_channels/_protocol/sse.py", None),
+    ("sse_event: the `id:` line", "sse_event", "acp_channels/_protocol/sse.py", 'b"id: "'),
+    ("event_id (protocol/sse.py): the id text", "event_id", "acp_channels/_protocol/sse.py", None),
+    ("Mailbox.take (host/mailbox.py)", "Mailbox.take", "acp_channels/_host/mailbox.py", None),
+    ("Mailbox.settle (host/mailbox.py)", "Mailbox.settle", "acp_channels/_host/mailbox.py", None),
     ("Mailbox._trim_window (host/mailbox.py): forgetting beyond the window", "Mailbox._trim_window",
-     "acp_channels/host/mailbox.py",
+     "acp_channels/_host/mailbox.py",
      None),
     ("write_outbound (consumers.py): the WebSocket write loop", "write_outbound",
-     "acp_channels/consumers.py", None),
+     "acp_channels/_consumers.py", None),
 ]  # fmt: skip
 
 

@@ -51,10 +51,28 @@ from bench import scenarios  # noqa: E402
 from bench.client import HttpAcp, make_client  # noqa: E402
 from bench.servers import LISTENING, SERVERS, Cluster, Proc, RssSampler, Server  # noqa: E402
 
-FULL = {"warmup": 20000, "stream": 20000, "rtt": 2000, "permission": 200, "reps": 3,
-        "fanout": [100, 500, 1000], "fanout_prompts": 5, "fanout_chunks": 20, "calibration": 200000}
-QUICK = {"warmup": 5000, "stream": 20000, "rtt": 500, "permission": 100, "reps": 1,
-         "fanout": [100, 500], "fanout_prompts": 5, "fanout_chunks": 20, "calibration": 100000}
+FULL = {
+    "warmup": 20000,
+    "stream": 20000,
+    "rtt": 2000,
+    "permission": 200,
+    "reps": 3,
+    "fanout": [100, 500, 1000],
+    "fanout_prompts": 5,
+    "fanout_chunks": 20,
+    "calibration": 200000,
+}
+QUICK = {
+    "warmup": 5000,
+    "stream": 20000,
+    "rtt": 500,
+    "permission": 100,
+    "reps": 1,
+    "fanout": [100, 500],
+    "fanout_prompts": 5,
+    "fanout_chunks": 20,
+    "calibration": 100000,
+}
 
 ORDER = ["ours-daphne", "ours-uvicorn", "ours-3w-redis", "ts-sdk", "py-sdk-uvicorn", "py-sdk-daphne"]
 
@@ -84,8 +102,20 @@ def versions() -> dict[str, str]:
     from importlib.metadata import version
 
     out = {"python": platform.python_version()}
-    for name in ("django", "channels", "channels-redis", "daphne", "twisted", "uvicorn", "uvloop", "httptools",
-                 "websockets", "agent-client-protocol", "redis", "orjson"):
+    for name in (
+        "django",
+        "channels",
+        "channels-redis",
+        "daphne",
+        "twisted",
+        "uvicorn",
+        "uvloop",
+        "httptools",
+        "websockets",
+        "agent-client-protocol",
+        "redis",
+        "orjson",
+    ):
         try:
             out[name] = version(name)
         except Exception:
@@ -96,16 +126,22 @@ def versions() -> dict[str, str]:
         except OSError:
             out[label] = "?"
     try:
-        package = json.loads((ROOT / "tests/peers/ts_server/node_modules/@agentclientprotocol/sdk/package.json")
-                             .read_text())
+        package = json.loads(
+            (ROOT / "tests/peers/ts_server/node_modules/@agentclientprotocol/sdk/package.json").read_text()
+        )
         out["@agentclientprotocol/sdk"] = package["version"]
     except OSError:
         out["@agentclientprotocol/sdk"] = "?"
     try:
         out["acp-channels commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        ).stdout.strip() + (" (dirty)" if subprocess.run(["git", "status", "--porcelain", "acp_channels"], cwd=ROOT,
-                                                          capture_output=True, text=True).stdout.strip() else "")
+        ).stdout.strip() + (
+            " (dirty)"
+            if subprocess.run(
+                ["git", "status", "--porcelain", "acp_channels"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip()
+            else ""
+        )
     except OSError:
         pass
     return out
@@ -118,12 +154,20 @@ def machine() -> dict[str, str]:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-        mem_kb = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
-                          if line.startswith("MemTotal")).split()[1])
+        mem_kb = int(
+            next(
+                line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
+            ).split()[1]
+        )
     except (OSError, StopIteration):
         mem_kb = 0
-    return {"nproc": str(os.cpu_count()), "cpu": model, "memory": f"{mem_kb / 1024 / 1024:.0f} GiB",
-            "kernel": platform.release(), "os": platform.platform()}
+    return {
+        "nproc": str(os.cpu_count()),
+        "cpu": model,
+        "memory": f"{mem_kb / 1024 / 1024:.0f} GiB",
+        "kernel": platform.release(),
+        "os": platform.platform(),
+    }
 
 
 # -- phases --------------------------------------------------------------------------------------
@@ -165,9 +209,22 @@ def inprocess(mode: str, sizes: dict[str, Any]) -> dict[str, Any]:
     keys = ("warmup", "stream", "rtt", "permission", "reps")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
     result = subprocess.run(
-        ["taskset", "-c", SERVER_CPU, sys.executable, "-m", "bench.inprocess", mode,
-         "--sizes", json.dumps({k: sizes[k] for k in keys})],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [
+            "taskset",
+            "-c",
+            SERVER_CPU,
+            sys.executable,
+            "-m",
+            "bench.inprocess",
+            mode,
+            "--sizes",
+            json.dumps({k: sizes[k] for k in keys}),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if result.returncode:
         raise RuntimeError(result.stderr[-2000:])
@@ -258,9 +315,11 @@ async def scenario_rounds(runs: list[Run], sizes: dict[str, Any]) -> None:
     for run in runs:
         if run.error is None:
             done = run.summary()
-            log(f"  {run.key} {run.transport}: stream {statistics.median(done['stream']):,.0f} msg/s, "
+            log(
+                f"  {run.key} {run.transport}: stream {statistics.median(done['stream']):,.0f} msg/s, "
                 f"rtt p50 {done['rtt']['p50']:.2f} ms p99 {done['rtt']['p99']:.2f} ms, "
-                f"permission p50 {done['permission']['p50']:.2f} ms")
+                f"permission p50 {done['permission']['p50']:.2f} ms"
+            )
 
 
 async def bench_servers(servers: dict[str, Server], sizes: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -293,13 +352,26 @@ async def fanout(key: str, sizes: dict[str, Any]) -> dict[str, Any]:
             for clients in sizes["fanout"]:
                 with RssSampler(server.pids()) as rss:
                     result = await scenarios.run_fanout(
-                        transport, server.url, clients, sizes["fanout_prompts"], sizes["fanout_chunks"],
+                        transport,
+                        server.url,
+                        clients,
+                        sizes["fanout_prompts"],
+                        sizes["fanout_chunks"],
                         options=server.client_options,
                     )
-                levels.append({"clients": clients, "completed": result.completed, "seconds": result.seconds,
-                               "peak_rss_mb": rss.peak / 2**20, "errors": result.errors[:5]})
-                log(f"  {key} fanout {transport} {clients}: {result.completed} completed in {result.seconds:.2f} s, "
-                    f"peak RSS {rss.peak / 2**20:.0f} MB {result.errors[:2]}")
+                levels.append(
+                    {
+                        "clients": clients,
+                        "completed": result.completed,
+                        "seconds": result.seconds,
+                        "peak_rss_mb": rss.peak / 2**20,
+                        "errors": result.errors[:5],
+                    }
+                )
+                log(
+                    f"  {key} fanout {transport} {clients}: {result.completed} completed in {result.seconds:.2f} s, "
+                    f"peak RSS {rss.peak / 2**20:.0f} MB {result.errors[:2]}"
+                )
                 await asyncio.sleep(0.5)
         finally:
             server.stop()
@@ -314,25 +386,33 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if args.fanout:
         sizes["fanout"] = [int(n) for n in args.fanout.split(",")]
     results: dict[str, Any] = {
-        "meta": {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                 "quick": args.quick, "sizes": sizes, "versions": versions(), "machine": machine(),
-                 "pinning": f"servers on CPU {os.environ.get('BENCH_SERVER_CPU', '0')}, load generator on CPU "
-                            f"{LOADGEN_CPU}"},
+        "meta": {
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "quick": args.quick,
+            "sizes": sizes,
+            "versions": versions(),
+            "machine": machine(),
+            "pinning": f"servers on CPU {os.environ.get('BENCH_SERVER_CPU', '0')}, load generator on CPU {LOADGEN_CPU}",
+        },
         "servers": {},
     }
     selected = [key for key in SERVERS if key in args.servers.split(",")] if args.servers else ORDER
     if not args.skip_calibration:
         log("calibration: the load generator against a server that only sends")
         results["calibration"] = await calibrate(sizes["calibration"], sizes["reps"])
-        log(f"  SSE {statistics.median(results['calibration']['http']):,.0f} msg/s, "
-            f"WS {statistics.median(results['calibration']['ws']):,.0f} msg/s")
+        log(
+            f"  SSE {statistics.median(results['calibration']['http']):,.0f} msg/s, "
+            f"WS {statistics.median(results['calibration']['ws']):,.0f} msg/s"
+        )
     if not args.skip_inprocess:
         log("in-process: sdk and host, taking turns")
         try:
             results["inprocess"] = inprocess_baselines(sizes)
             for mode, done in results["inprocess"].items():
-                log(f"  {mode}: stream {statistics.median(done['stream']):,.0f} msg/s, "
-                    f"rtt p50 {done['rtt']['p50']:.3f} ms")
+                log(
+                    f"  {mode}: stream {statistics.median(done['stream']):,.0f} msg/s, "
+                    f"rtt p50 {done['rtt']['p50']:.3f} ms"
+                )
         except Exception as error:
             results["inprocess"] = {mode: {"error": str(error)} for mode in ("sdk", "host")}
             log("  FAILED", error)

@@ -201,8 +201,15 @@ async def fanout_client(
         raise
 
 
-async def run_fanout(transport: str, url: str, clients: int, prompts: int = 5, chunks: int = 20,
-                     timeout: float = 180.0, options: dict[str, Any] | None = None) -> FanoutResult:
+async def run_fanout(
+    transport: str,
+    url: str,
+    clients: int,
+    prompts: int = 5,
+    chunks: int = 20,
+    timeout: float = 180.0,
+    options: dict[str, Any] | None = None,
+) -> FanoutResult:
     start = asyncio.Event()
     tasks = [
         asyncio.ensure_future(fanout_client(transport, url, prompts, chunks, start, options or {}))

@@ -51,11 +51,19 @@ class Proc:
     log: list[str] = field(default_factory=list)
 
     def start(self, timeout: float = 60.0) -> Proc:
-        env = {**os.environ, "PYTHONPATH": str(CODE_ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings",
-               **self.env}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(CODE_ROOT),
+            "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+            **self.env,
+        }
         self.process = subprocess.Popen(
             ["taskset", "-c", SERVER_CPU, *self.command],
-            cwd=CODE_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=CODE_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
         )
         ready = threading.Event()
@@ -98,10 +106,22 @@ def daphne(name: str, app: str, env: dict[str, str] | None = None) -> Proc:
         name,
         # A burst of a thousand upgrades outlives daphne's 5 s handshake timeout on a busy core
         # (403, or the socket closed): docs/several-workers.md.
-        [sys.executable, "-m", "daphne", "-e", "tcp:port=0:interface=127.0.0.1:backlog=2048",
-         "--websocket_connect_timeout", WEBSOCKET_CONNECT_TIMEOUT,
-         "--websocket_timeout", "-1", "--websocket-max-message-size", MAX_MESSAGE,
-         "--websocket-max-frame-size", MAX_MESSAGE, app],
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-e",
+            "tcp:port=0:interface=127.0.0.1:backlog=2048",
+            "--websocket_connect_timeout",
+            WEBSOCKET_CONNECT_TIMEOUT,
+            "--websocket_timeout",
+            "-1",
+            "--websocket-max-message-size",
+            MAX_MESSAGE,
+            "--websocket-max-frame-size",
+            MAX_MESSAGE,
+            app,
+        ],
         DAPHNE_READY,
         {"ACP_SHUTDOWN_GRACE_SECONDS": "1", **(env or {})},
     )
@@ -297,8 +317,11 @@ class Cluster(Server):
 
     def start(self) -> Server:
         self.redis.start()
-        env = {"REDIS_URL": f"redis://127.0.0.1:{self.redis.redis_port}/0",
-               "ACP_REDIS_PREFIX": f"acp-bench-{uuid.uuid4().hex[:8]}:", **self.env}
+        env = {
+            "REDIS_URL": f"redis://127.0.0.1:{self.redis.redis_port}/0",
+            "ACP_REDIS_PREFIX": f"acp-bench-{uuid.uuid4().hex[:8]}:",
+            **self.env,
+        }
         self.workers = [daphne(f"worker{i}", self.app, env) for i in range(self.size)]
         for worker in self.workers:
             worker.start()
@@ -328,9 +351,23 @@ class ClusterWsNoLayer(Cluster):
 
 
 SERVERS: dict[str, type[Server]] = {
-    cls.key: cls for cls in (OursDaphne, OursUvicorn, Cluster, TsSdk, PySdkUvicorn, PySdkDaphne, OursDaphneNoDbSignals,
-                           OursDaphneLean, ClusterPatient, ClusterWsNoLayer, OursDaphneNoWindow, OursDaphneNoIds,
-                           OursUvicornNoWindow, OursUvicornNoIds)
+    cls.key: cls
+    for cls in (
+        OursDaphne,
+        OursUvicorn,
+        Cluster,
+        TsSdk,
+        PySdkUvicorn,
+        PySdkDaphne,
+        OursDaphneNoDbSignals,
+        OursDaphneLean,
+        ClusterPatient,
+        ClusterWsNoLayer,
+        OursDaphneNoWindow,
+        OursDaphneNoIds,
+        OursUvicornNoWindow,
+        OursUvicornNoIds,
+    )
 }
 
 

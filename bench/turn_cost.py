@@ -35,10 +35,18 @@ SSE = {"accept": "text/event-stream"}
 
 def scope(method: str, headers: dict[str, str]) -> dict[str, Any]:
     return {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-        "path": "/acp", "raw_path": b"/acp", "query_string": b"", "root_path": "",
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": "/acp",
+        "raw_path": b"/acp",
+        "query_string": b"",
+        "root_path": "",
         "headers": [HOST, *((name.encode(), value.encode()) for name, value in headers.items())],
-        "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
     }
 
 
@@ -113,7 +121,9 @@ class Turns:
 
     async def turn(self, index: int) -> None:
         prompt = {
-            "jsonrpc": "2.0", "id": 10 + index, "method": "session/prompt",
+            "jsonrpc": "2.0",
+            "id": 10 + index,
+            "method": "session/prompt",
             "params": {"sessionId": self.session_id, "prompt": [{"type": "text", "text": f"echo r{index}"}]},
         }
         reply = await self.request("POST", self.headers, orjson.dumps(prompt))
@@ -156,9 +166,22 @@ def instructions(turns: int) -> int:
     totals = []
     for count in (turns, 3 * turns):
         run = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m", "bench.turn_cost",
-             "--turns", str(count), "--batches", "1"],
-            capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}, check=True,
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--callgrind-out-file=/dev/null",
+                sys.executable,
+                "-m",
+                "bench.turn_cost",
+                "--turns",
+                str(count),
+                "--batches",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+            check=True,
         )
         found = re.search(r"Collected : (\d+)", run.stderr)
         if found is None:

@@ -65,8 +65,7 @@ from acp.schema import (
     ToolCallUpdate,
 )
 
-from acp_channels.agents.stdio import CONNECTION_ENV, PRINCIPAL_ID_ENV, PRINCIPAL_KIND_ENV
-from acp_channels.identity import AgentContext, Principal
+from acp_channels import CONNECTION_ENV, PRINCIPAL_ID_ENV, PRINCIPAL_KIND_ENV, AgentContext, Principal
 
 __all__ = ["AGENT_NAME", "HELP_TEXT", "MODES", "DemoAgent", "DemoSession", "create_agent"]
 

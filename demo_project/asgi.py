@@ -13,7 +13,6 @@ django.setup(set_prefix=False)
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from acp_channels.handler import AcpASGIHandler  # noqa: E402
-from acp_channels.routing import build_asgi_application  # noqa: E402
+from acp_channels import AcpASGIHandler, build_asgi_application  # noqa: E402
 
 application = build_asgi_application(http_application=ASGIStaticFilesHandler(AcpASGIHandler()))

@@ -12,7 +12,7 @@ from typing import Any
 
 from corsheaders.defaults import default_headers
 
-from acp_channels.cors import ACP_ALLOW_METHODS, ACP_EXPOSE_HEADERS, cors_allow_headers
+from acp_channels import ACP_ALLOW_METHODS, ACP_EXPOSE_HEADERS, cors_allow_headers
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -96,7 +96,7 @@ def _acp_settings_from_environment() -> dict[str, Any]:
     not in the environment keeps acp_channels' production default. Booleans are 1/true/yes/on
     (anything else is false), dicts are JSON, and keys without a number default (dotted paths,
     the permission) are taken as text."""
-    from acp_channels.conf import DEFAULTS
+    from acp_channels._conf import DEFAULTS
 
     values: dict[str, Any] = {}
     for key, default in DEFAULTS.items():

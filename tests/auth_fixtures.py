@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from acp_channels.identity import Principal
+from acp_channels._identity import Principal
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789"

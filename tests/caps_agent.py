@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from acp_channels.host import ConnectionHost, registry
-from acp_channels.protocol import Message
+from acp_channels._protocol import Message
+
+from acp_channels._host import ConnectionHost, registry
 from tests.wire_agent import WireAgent
 
 

@@ -65,9 +65,22 @@ class RedisServer:
             raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
         workdir = tempfile.mkdtemp(prefix="acp-redis-")
         self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", workdir, *self.options],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                workdir,
+                *self.options,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         assert self.process.stdout is not None
         for line in self.process.stdout:  # wait for its own readiness line
@@ -115,9 +128,7 @@ class Balancer:
         except OSError:
             client_writer.close()  # that worker is down: the client sees a reset, as with a real balancer
             return
-        await asyncio.gather(
-            self._pipe(client_reader, upstream_writer), self._pipe(upstream_reader, client_writer)
-        )
+        await asyncio.gather(self._pipe(client_reader, upstream_writer), self._pipe(upstream_reader, client_writer))
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

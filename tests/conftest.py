@@ -203,4 +203,3 @@ def claude_server() -> Iterator[DaphneServer]:
     yield server
     server.stop()
     shutil.rmtree(home, ignore_errors=True)
-

@@ -17,8 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from acp_channels.identity import AgentContext
-from acp_channels.protocol import Message
+from acp_channels._protocol import Message
+
+from acp_channels._identity import AgentContext
 from tests.wire_agent import WireAgent
 
 #: Every context a factory here was called with, in this process (for in-process tests).

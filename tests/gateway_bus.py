@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from acp_channels.gateway import local, remote, serve
+from acp_channels._gateway import local, remote, serve
 
 
 def patch_bus(monkeypatch: pytest.MonkeyPatch, bus: Any) -> None:

@@ -202,8 +202,9 @@ def post_json(
 
 def initialize(port: int, timeout: float = 10.0) -> str:
     """POST initialize; the new connection id."""
-    response = post_json(port, {"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                                "params": {"protocolVersion": 1}}, timeout=timeout)
+    response = post_json(
+        port, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}, timeout=timeout
+    )
     assert isinstance(response, RawResponse) and response.status == 200, response
     connection_id = response.header("acp-connection-id")
     assert connection_id, response
@@ -326,13 +327,19 @@ def _mask_fast(payload: bytes, key: bytes) -> bytes:
     return (int.from_bytes(payload, "big") ^ keys).to_bytes(len(payload), "big")
 
 
-def ws_handshake(port: int, headers: HeaderList = (), timeout: float = 10.0,
-                 rcvbuf: int | None = None) -> tuple[socket.socket, RawResponse | Closed]:
+def ws_handshake(
+    port: int, headers: HeaderList = (), timeout: float = 10.0, rcvbuf: int | None = None
+) -> tuple[socket.socket, RawResponse | Closed]:
     """Open a socket and send an upgrade; the socket and the server's answer (101 or not)."""
     sock = connect(port, timeout, rcvbuf)
     key = base64.b64encode(os.urandom(16)).decode()
-    upgrade = [("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Key", key),
-               ("Sec-WebSocket-Version", "13"), *headers]
+    upgrade = [
+        ("Upgrade", "websocket"),
+        ("Connection", "Upgrade"),
+        ("Sec-WebSocket-Key", key),
+        ("Sec-WebSocket-Version", "13"),
+        *headers,
+    ]
     sock.sendall(request_bytes("GET", "/acp", upgrade))
     return sock, read_response(sock, timeout, head_only=True)
 

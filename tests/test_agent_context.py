@@ -26,17 +26,18 @@ import pytest
 import websockets
 
 import tests.context_agent
-from acp_channels import agents, protocol
-from acp_channels.agents import (
+from acp_channels import _agents as agents
+from acp_channels import _protocol as protocol
+from acp_channels._agents import (
     FactorySignatureError,
     call_agent_factory,
     create_agent_channel,
     factory_call,
     factory_problem,
 )
-from acp_channels.agents import stdio as stdio_module
-from acp_channels.agents.sdk import SdkAgentChannel
-from acp_channels.agents.stdio import (
+from acp_channels._agents import stdio as stdio_module
+from acp_channels._agents.sdk import SdkAgentChannel
+from acp_channels._agents.stdio import (
     CONNECTION_ENV,
     PRINCIPAL_ID_ENV,
     PRINCIPAL_KIND_ENV,
@@ -44,10 +45,10 @@ from acp_channels.agents.stdio import (
     StdioAgentChannel,
     setting_problems,
 )
-from acp_channels.agents.stdio import process as stdio_process
-from acp_channels.host import ConnectionHost, registry
-from acp_channels.identity import ANONYMOUS, AgentContext, Principal
-from acp_channels.worker import new_connection_id
+from acp_channels._agents.stdio import process as stdio_process
+from acp_channels._host import ConnectionHost, registry
+from acp_channels._identity import ANONYMOUS, AgentContext, Principal
+from acp_channels._worker import new_connection_id
 from tests.agent_processes import running_agents, supported
 from tests.live import JSON, DaphneServer, open_sse, post, rpc
 from tests.wire_agent import WireAgent
@@ -511,7 +512,7 @@ def _configure_refusals(log: list[str], expected: int) -> dict[str, str]:
     while True:
         found = {}
         for line in list(log):
-            if line.startswith("acp_channels.agents.stdio.AgentConfigurationError:"):
+            if line.startswith("acp_channels._agents.stdio.AgentConfigurationError:"):
                 found[line.split("for connection ", 1)[1].split(" ", 1)[0]] = line
         if len(found) >= expected or time.monotonic() > deadline:
             return found

@@ -14,12 +14,13 @@ import pytest
 from channels.auth import AuthMiddleware
 from channels.testing import WebsocketCommunicator
 
-from acp_channels import auth, gateway
+from acp_channels import _gateway as gateway
+from acp_channels import auth
+from acp_channels._host import QuotaExceeded, registry
+from acp_channels._identity import ANONYMOUS, Principal
+from acp_channels._routing import build_asgi_application
+from acp_channels._worker import new_connection_id
 from acp_channels.auth import Refused, RequestContext, authenticate
-from acp_channels.host import QuotaExceeded, registry
-from acp_channels.identity import ANONYMOUS, Principal
-from acp_channels.routing import build_asgi_application
-from acp_channels.worker import new_connection_id
 from tests import auth_fixtures as tokens
 from tests.auth_fixtures import FakeUser
 
@@ -230,7 +231,7 @@ def wire_agent(settings: Any) -> None:
 
 
 async def test_locate_finds_a_connection_for_its_owner_only(wire_agent: None) -> None:
-    from acp_channels.agents import create_agent_channel
+    from acp_channels._agents import create_agent_channel
 
     host = registry.create(
         create_agent_channel, "http", connection_id=new_connection_id(), max_buffered_bytes=1 << 20, principal=ALICE
@@ -241,7 +242,7 @@ async def test_locate_finds_a_connection_for_its_owner_only(wire_agent: None) ->
         assert gateway.locate(host.connection_id, BOB) is None
         assert gateway.locate(host.connection_id, ANONYMOUS) is None
         # On the host's worker, the ops other workers send (the cluster path).
-        from acp_channels import worker_protocol as wire
+        from acp_channels import _worker_protocol as wire
 
         connection = host.connection_id
         for caller in (BOB, ANONYMOUS):
@@ -268,7 +269,7 @@ async def test_locate_finds_a_connection_for_its_owner_only(wire_agent: None) ->
 async def test_quota_per_principal_and_audit_lines(
     settings: Any, wire_agent: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from acp_channels.agents import create_agent_channel
+    from acp_channels._agents import create_agent_channel
 
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "MAX_CONNECTIONS_PER_PRINCIPAL": 2}
     caplog.set_level(logging.INFO, logger="acp_channels.audit")

@@ -1,4 +1,4 @@
-"""The bodies a worker holds at once are bounded (acp_channels.limits.BodyBudget): many clients
+"""The bodies a worker holds at once are bounded (acp_channels._limits.BodyBudget): many clients
 posting large bodies at once cannot grow a worker by requests x MAX_BODY_BYTES. In process,
 through `BodyLimit` with an application that holds each request until told to answer."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from acp_channels.limits import BODIES_FULL, RETRY_AFTER_BODIES, BodyLimit, Message, Receive, Scope, Send, body_budget
+from acp_channels._limits import BODIES_FULL, RETRY_AFTER_BODIES, BodyLimit, Message, Receive, Scope, Send, body_budget
 
 KiB = 1024
 

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-from acp_channels.bridge.stdio import LineSplitter, LineTooLong
+from acp_channels.bridge._stdio import LineSplitter, LineTooLong
 from tests.bridge_process import BridgeProcess, text_updates
 from tests.cluster import Cluster
 from tests.live import ROOT, DaphneServer, wait_for_line

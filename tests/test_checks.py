@@ -11,9 +11,9 @@ from django.core.checks import Error, Warning
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from acp_channels.checks import check_settings
-from acp_channels.conf import DEFAULTS, AcpSettings
-from acp_channels.cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS, cors_allow_headers
+from acp_channels._checks import check_settings
+from acp_channels._conf import DEFAULTS, AcpSettings
+from acp_channels._cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS, cors_allow_headers
 
 #: Referenced by ACP_CHANNELS["AGENT"] in a test: importable, but not callable.
 NOT_CALLABLE = "an agent factory must be callable"

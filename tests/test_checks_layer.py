@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from django.utils.module_loading import import_string
 
-from acp_channels import checks
-from acp_channels.checks import check_channel_layer
-from acp_channels.startup import check_channel_layer_reachable
+from acp_channels import _checks as checks
+from acp_channels._checks import check_channel_layer
+from acp_channels._startup import check_channel_layer_reachable
 
 URL = "redis://127.0.0.1:6379/0"
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from acp_channels.client import HttpClient, HttpStatusError, RetryAfter, RetryEvent
-from acp_channels.client.retry import retry_after_seconds
+from acp_channels.client._retry import retry_after_seconds
 from tests.peers.fakes import CONNECTION_ID, Answer, FakeAcp, Reply, Request, Stream
 from tests.test_client_fake import INIT, result, rpc
 

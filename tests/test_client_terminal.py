@@ -17,10 +17,10 @@ import pexpect
 import pytest
 from acp.schema import AgentPlanUpdate, PlanEntry, ToolCallProgress, ToolCallStart
 
-from acp_channels.client.errors import HttpStatusError
-from acp_channels.client.terminal import COMMANDS
-from acp_channels.client.terminal_client import TerminalClient
-from acp_channels.client.terminal_output import Screen, describe_error
+from acp_channels.client._errors import HttpStatusError
+from acp_channels.client._terminal import COMMANDS
+from acp_channels.client._terminal_client import TerminalClient
+from acp_channels.client._terminal_output import Screen, describe_error
 from tests.live import ROOT, DaphneServer
 from tests.peers.fixtures import ts_server
 from tests.peers.process import PeerServer

@@ -21,7 +21,7 @@ from acp_channels.client import (
     resolve_endpoint,
 )
 from acp_channels.client._base import Inbox, received_value
-from acp_channels.client.sse import SseEvent, SseParser, SseTooLarge
+from acp_channels.client._sse import SseEvent, SseParser, SseTooLarge
 from tests.live import ROOT
 
 
@@ -174,6 +174,6 @@ async def test_first_message_must_be_a_single_initialize() -> None:
 
 
 def test_client_module_does_not_import_django() -> None:
-    code = "import sys, acp_channels.client, acp_channels.client.terminal; print('django' in sys.modules)"
+    code = "import sys, acp_channels.client, acp_channels.client._terminal; print('django' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr

@@ -9,7 +9,8 @@ import httpx
 import pytest
 from channels_redis.core import RedisChannelLayer
 
-from acp_channels import gateway, worker
+from acp_channels import _gateway as gateway
+from acp_channels import _worker as worker
 from tests.cluster import Cluster, RedisServer
 from tests.gateway_bus import patch_bus
 from tests.live import initialize, open_sse, post, rpc

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from acp_channels.conf import DEFAULTS
-from acp_channels.worker import TAKE_WAIT
+from acp_channels._conf import DEFAULTS
+from acp_channels._worker import TAKE_WAIT
 from tests.cluster import Cluster, RedisServer
 from tests.live import SSE, initialize, open_sse, post, rpc
 

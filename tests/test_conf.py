@@ -1,4 +1,4 @@
-"""acp_channels.conf: defaults under ACP_CHANNELS, values kept until the setting changes."""
+"""acp_channels._conf: defaults under ACP_CHANNELS, values kept until the setting changes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from acp_channels.conf import DEFAULTS, AcpSettings, acp_settings
+from acp_channels._conf import DEFAULTS, AcpSettings, acp_settings
 
 
 def test_a_key_not_set_reads_its_default(settings: Any) -> None:

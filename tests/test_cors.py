@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin
 
-from acp_channels.cors import same_origin
+from acp_channels._cors import same_origin
 from tests.live import JSON, SSE, DaphneServer, rpc
 
 ALLOWED = "http://allowed.example"

@@ -1,4 +1,4 @@
-"""acp_channels.daphne_compat pieces that can be checked without a server."""
+"""acp_channels._daphne_compat pieces that can be checked without a server."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from autobahn import util
 from autobahn.websocket import protocol
 
-from acp_channels import daphne_compat
+from acp_channels import _daphne_compat as daphne_compat
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin
 
-from acp_channels.conf import DEFAULTS
+from acp_channels._conf import DEFAULTS
 from tests.live import JSON, ROOT, DaphneServer, rpc
 
 TOKEN = secrets.token_urlsafe(32)

@@ -70,8 +70,11 @@ def test_texts_never_show_internals_where_they_are_fixed() -> None:
 
 
 def test_the_old_homes_still_export_the_errors() -> None:
-    from acp_channels import auth, gateway, host, protocol
-    from acp_channels.agents import channel
+    from acp_channels import _gateway as gateway
+    from acp_channels import _host as host
+    from acp_channels import _protocol as protocol
+    from acp_channels import auth
+    from acp_channels._agents import channel
 
     assert auth.Refused is errors.Refused and channel.AgentClosed is errors.AgentClosed
     assert protocol.SessionHeaderError is errors.SessionHeaderError and host.StreamBusy is errors.StreamBusy
@@ -80,9 +83,12 @@ def test_the_old_homes_still_export_the_errors() -> None:
 
 def test_no_exception_class_is_defined_outside_the_tree_for_clients() -> None:
     """The modules whose errors reach a client define none of their own any more."""
-    from acp_channels import auth, gateway, worker, worker_protocol
-    from acp_channels.gateway import local, remote, serve
-    from acp_channels.host import connection
+    from acp_channels import _gateway as gateway
+    from acp_channels import _worker as worker
+    from acp_channels import _worker_protocol as worker_protocol
+    from acp_channels import auth
+    from acp_channels._gateway import local, remote, serve
+    from acp_channels._host import connection
 
     for module in (auth, worker, worker_protocol, gateway, local, remote, serve, connection):
         own = [

@@ -199,12 +199,16 @@ SESSION_PARAMS = st.fixed_dictionaries(
 )
 MESSAGES = st.fixed_dictionaries(
     {"jsonrpc": st.just("2.0") | JSON_LEAVES},
-    optional={"id": IDS, "method": METHODS, "params": SESSION_PARAMS | JSON_VALUES, "result": JSON_VALUES,
-              "error": JSON_VALUES | st.fixed_dictionaries({"code": st.integers(), "message": st.text(max_size=10)})},
+    optional={
+        "id": IDS,
+        "method": METHODS,
+        "params": SESSION_PARAMS | JSON_VALUES,
+        "result": JSON_VALUES,
+        "error": JSON_VALUES | st.fixed_dictionaries({"code": st.integers(), "message": st.text(max_size=10)}),
+    },
 )
 BATCHES = st.lists(MESSAGES | JSON_VALUES, max_size=30)
-NESTED = st.tuples(st.sampled_from(["[", "{\"a\":", "[{\"jsonrpc\":\"2.0\",\"x\":"]), st.integers(1, 20000),
-                   st.booleans()).map(
+NESTED = st.tuples(st.sampled_from(["[", '{"a":', '[{"jsonrpc":"2.0","x":']), st.integers(1, 20000), st.booleans()).map(
     lambda t: (t[0] * t[1] + ("null" + ("]" if t[0] == "[" else "}") * t[1] if t[2] else "")).encode()
 )
 BODIES = (
@@ -223,8 +227,11 @@ def test_random_bodies(demo: DaphneServer, demo_connection: str) -> None:
     @FUZZ
     @given(body=BODIES, with_session=st.booleans())
     def fuzz(body: bytes, with_session: bool) -> None:
-        headers = [("Content-Type", "application/json"), ("Acp-Connection-Id", demo_connection),
-                   ("Connection", "close")]
+        headers = [
+            ("Content-Type", "application/json"),
+            ("Acp-Connection-Id", demo_connection),
+            ("Connection", "close"),
+        ]
         if with_session:
             headers.append(("Acp-Session-Id", "fuzz-session"))
         result = exchange(demo.port, rawhttp.request_bytes("POST", "/acp", headers, body))
@@ -253,7 +260,7 @@ def test_huge_strings_within_the_body_limit(demo: DaphneServer, demo_connection:
     generator = random.Random(9)
     with clean_log(demo):
         for size in (1 << 20, MAX_BODY - 200):
-            filler = "".join(generator.choices("abcé€\U0001f600\\\"", k=64)) * (size // 256)
+            filler = "".join(generator.choices('abcé€\U0001f600\\"', k=64)) * (size // 256)
             for body in (
                 json.dumps({"jsonrpc": "2.0", "id": 1, "method": filler}),
                 json.dumps({"jsonrpc": "2.0", "id": filler, "method": "authenticate"}),
@@ -325,18 +332,47 @@ def test_unknown_notification_is_not_logged_as_a_traceback(demo: DaphneServer) -
 
 # -- headers ---------------------------------------------------------------------------------------
 
-HEADER_TEXT = st.binary(max_size=40).filter(lambda b: b"\r" not in b and b"\n" not in b) | st.text(
-    max_size=40
-).map(lambda text: text.encode("utf-8", "surrogatepass").replace(b"\r", b"").replace(b"\n", b""))
-CONTENT_TYPES = st.sampled_from(
-    [b"application/json", b"application/json; charset=utf-8", b"APPLICATION/JSON", b"application/json-seq",
-     b"application/jsonx", b"text/plain", b"", b"application/json\xff", b"application/json;;;", b" application/json",
-     b"multipart/form-data; boundary=x", b"application/x-www-form-urlencoded"]
-) | HEADER_TEXT
+HEADER_TEXT = st.binary(max_size=40).filter(lambda b: b"\r" not in b and b"\n" not in b) | st.text(max_size=40).map(
+    lambda text: text.encode("utf-8", "surrogatepass").replace(b"\r", b"").replace(b"\n", b"")
+)
+CONTENT_TYPES = (
+    st.sampled_from(
+        [
+            b"application/json",
+            b"application/json; charset=utf-8",
+            b"APPLICATION/JSON",
+            b"application/json-seq",
+            b"application/jsonx",
+            b"text/plain",
+            b"",
+            b"application/json\xff",
+            b"application/json;;;",
+            b" application/json",
+            b"multipart/form-data; boundary=x",
+            b"application/x-www-form-urlencoded",
+        ]
+    )
+    | HEADER_TEXT
+)
 HEADER_NAMES = st.sampled_from(
-    [b"Content-Type", b"Acp-Connection-Id", b"Acp-Session-Id", b"Accept", b"Content-Length", b"Transfer-Encoding",
-     b"Origin", b"Connection", b"Expect", b"Host", b"Upgrade", b"Last-Event-ID", b"Authorization",
-     b"Content-Encoding", b"acp-connection-id", b"ACP-SESSION-ID"]
+    [
+        b"Content-Type",
+        b"Acp-Connection-Id",
+        b"Acp-Session-Id",
+        b"Accept",
+        b"Content-Length",
+        b"Transfer-Encoding",
+        b"Origin",
+        b"Connection",
+        b"Expect",
+        b"Host",
+        b"Upgrade",
+        b"Last-Event-ID",
+        b"Authorization",
+        b"Content-Encoding",
+        b"acp-connection-id",
+        b"ACP-SESSION-ID",
+    ]
 ) | st.binary(min_size=1, max_size=20).filter(lambda b: b":" not in b and b"\r" not in b and b"\n" not in b)
 LENGTH_LIES = st.sampled_from(["none", "short", "long", "garbage", "double", "huge-digits", "negative", "chunked-bad"])
 
@@ -393,8 +429,9 @@ def test_random_headers(demo: DaphneServer, demo_connection: str) -> None:
             headers.append((b"Acp-Connection-Id", valid * 300))
         if session is not None:
             headers.append((b"Acp-Session-Id", session))
-        headers += [(name, value) for name, value in extra
-                    if name.lower() not in (b"content-length", b"transfer-encoding")]
+        headers += [
+            (name, value) for name, value in extra if name.lower() not in (b"content-length", b"transfer-encoding")
+        ]
         message = rpc(0, "initialize", {"protocolVersion": 1}) if initialize_body else rpc(1, "authenticate")
         length_headers, body, half_close = _length_headers(lie, json.dumps(message).encode())
         raw = rawhttp.request_bytes("POST", "/acp", headers + length_headers, body, content_length=False)
@@ -406,8 +443,11 @@ def test_random_headers(demo: DaphneServer, demo_connection: str) -> None:
 
 
 def test_declared_length_over_the_limit_is_refused_before_the_body(demo: DaphneServer, demo_connection: str) -> None:
-    headers = [("Content-Type", "application/json"), ("Acp-Connection-Id", demo_connection),
-               ("Content-Length", str(MAX_BODY + 1))]
+    headers = [
+        ("Content-Type", "application/json"),
+        ("Acp-Connection-Id", demo_connection),
+        ("Content-Length", str(MAX_BODY + 1)),
+    ]
     with rawhttp.connect(demo.port, REQUEST_TIMEOUT) as sock:
         sock.sendall(rawhttp.request_bytes("POST", "/acp", headers) + b"[")
         try:
@@ -420,22 +460,57 @@ def test_declared_length_over_the_limit_is_refused_before_the_body(demo: DaphneS
 # -- methods and paths ----------------------------------------------------------------------------
 
 HTTP_METHODS = st.sampled_from(
-    [b"GET", b"POST", b"PUT", b"PATCH", b"DELETE", b"HEAD", b"OPTIONS", b"TRACE", b"CONNECT", b"get", b"PRI",
-     b"PROPFIND", b"G\xc3\x89T"]
+    [
+        b"GET",
+        b"POST",
+        b"PUT",
+        b"PATCH",
+        b"DELETE",
+        b"HEAD",
+        b"OPTIONS",
+        b"TRACE",
+        b"CONNECT",
+        b"get",
+        b"PRI",
+        b"PROPFIND",
+        b"G\xc3\x89T",
+    ]
 ) | st.binary(min_size=1, max_size=12).filter(lambda b: b" " not in b and b"\r" not in b and b"\n" not in b)
 PATHS = st.sampled_from(
-    [b"/acp", b"/acp/", b"/ACP", b"/acp?x=1", b"/acp/../acp", b"/acp%00", b"/health", b"*", b"/",
-     b"http://127.0.0.1/acp", b"//acp", b"/acp#frag", b"/%ff%fe", b"/acp?" + b"a" * 8000, b"/" + b"x" * 20000]
+    [
+        b"/acp",
+        b"/acp/",
+        b"/ACP",
+        b"/acp?x=1",
+        b"/acp/../acp",
+        b"/acp%00",
+        b"/health",
+        b"*",
+        b"/",
+        b"http://127.0.0.1/acp",
+        b"//acp",
+        b"/acp#frag",
+        b"/%ff%fe",
+        b"/acp?" + b"a" * 8000,
+        b"/" + b"x" * 20000,
+    ]
 ) | st.binary(min_size=1, max_size=60).filter(lambda b: b" " not in b and b"\r" not in b and b"\n" not in b)
 VERSIONS = st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"HTTP/0.9", b"HTTX/1.1", b""])
 
 
 def test_random_methods_and_paths(demo: DaphneServer, demo_connection: str) -> None:
     @FUZZ
-    @given(method=HTTP_METHODS, path=PATHS, version=VERSIONS, accept_sse=st.booleans(),
-           with_connection=st.booleans(), body=st.none() | st.binary(max_size=50))
-    def fuzz(method: bytes, path: bytes, version: bytes, accept_sse: bool, with_connection: bool,
-             body: bytes | None) -> None:
+    @given(
+        method=HTTP_METHODS,
+        path=PATHS,
+        version=VERSIONS,
+        accept_sse=st.booleans(),
+        with_connection=st.booleans(),
+        body=st.none() | st.binary(max_size=50),
+    )
+    def fuzz(
+        method: bytes, path: bytes, version: bytes, accept_sse: bool, with_connection: bool, body: bytes | None
+    ) -> None:
         headers: list[tuple[bytes, bytes]] = [(b"Connection", b"close")]
         if accept_sse:
             headers.append((b"Accept", b"text/event-stream"))
@@ -456,8 +531,22 @@ def test_a_second_reader_of_a_stream_gets_409(demo: DaphneServer, demo_connectio
 # -- WebSocket ---------------------------------------------------------------------------------------
 
 FRAME_KINDS = st.sampled_from(
-    ["json-rpc", "random-json", "text", "invalid-utf8", "binary", "fragmented", "ping", "pong", "unmasked",
-     "reserved-bits", "reserved-opcode", "big-ping", "continuation-alone", "close"]
+    [
+        "json-rpc",
+        "random-json",
+        "text",
+        "invalid-utf8",
+        "binary",
+        "fragmented",
+        "ping",
+        "pong",
+        "unmasked",
+        "reserved-bits",
+        "reserved-opcode",
+        "big-ping",
+        "continuation-alone",
+        "close",
+    ]
 )
 
 
@@ -476,8 +565,11 @@ def _ws_frames(kind: str, data: Any, text: str, blob: bytes) -> list[bytes]:
     if kind == "fragmented":
         payload = json.dumps(data).encode()
         cut = len(payload) // 2
-        return [frame(rawhttp.TEXT, payload[:cut], fin=False), frame(rawhttp.PING, b"mid"),
-                frame(rawhttp.CONTINUATION, payload[cut:])]
+        return [
+            frame(rawhttp.TEXT, payload[:cut], fin=False),
+            frame(rawhttp.PING, b"mid"),
+            frame(rawhttp.CONTINUATION, payload[cut:]),
+        ]
     if kind == "ping":
         return [frame(rawhttp.PING, blob[:125])]
     if kind == "pong":
@@ -500,8 +592,13 @@ def test_websocket_frames(wire: DaphneServer) -> None:
     """Random frames, then a probe request: the server answers it or has closed; never a hang."""
 
     @FUZZ
-    @given(steps=st.lists(st.tuples(FRAME_KINDS, MESSAGES | JSON_VALUES, st.text(max_size=30),
-                                    st.binary(max_size=200)), min_size=1, max_size=8))
+    @given(
+        steps=st.lists(
+            st.tuples(FRAME_KINDS, MESSAGES | JSON_VALUES, st.text(max_size=30), st.binary(max_size=200)),
+            min_size=1,
+            max_size=8,
+        )
+    )
     def fuzz(steps: list[tuple[str, Any, str, bytes]]) -> None:
         sock, answer = rawhttp.ws_handshake(wire.port, (), REQUEST_TIMEOUT)
         with sock:
@@ -529,10 +626,23 @@ def test_websocket_frames(wire: DaphneServer) -> None:
 
 
 WS_KEY = b"dGhlIHNhbXBsZSBub25jZQ=="
-WS_HEADER_NAMES = st.sampled_from(
-    [b"Upgrade", b"Connection", b"Sec-WebSocket-Key", b"Sec-WebSocket-Version", b"Sec-WebSocket-Protocol",
-     b"Sec-WebSocket-Extensions", b"Origin", b"Authorization", b"Acp-Connection-Id", b"Host"]
-) | HEADER_NAMES
+WS_HEADER_NAMES = (
+    st.sampled_from(
+        [
+            b"Upgrade",
+            b"Connection",
+            b"Sec-WebSocket-Key",
+            b"Sec-WebSocket-Version",
+            b"Sec-WebSocket-Protocol",
+            b"Sec-WebSocket-Extensions",
+            b"Origin",
+            b"Authorization",
+            b"Acp-Connection-Id",
+            b"Host",
+        ]
+    )
+    | HEADER_NAMES
+)
 
 
 def test_websocket_handshakes(wire: DaphneServer) -> None:
@@ -542,14 +652,22 @@ def test_websocket_handshakes(wire: DaphneServer) -> None:
     @FUZZ
     @given(
         drop=st.sets(st.sampled_from([b"Upgrade", b"Connection", b"Sec-WebSocket-Key", b"Sec-WebSocket-Version"])),
-        replace=st.dictionaries(st.sampled_from([b"Upgrade", b"Connection", b"Sec-WebSocket-Key",
-                                                 b"Sec-WebSocket-Version"]), HEADER_TEXT, max_size=2),
+        replace=st.dictionaries(
+            st.sampled_from([b"Upgrade", b"Connection", b"Sec-WebSocket-Key", b"Sec-WebSocket-Version"]),
+            HEADER_TEXT,
+            max_size=2,
+        ),
         extra=st.lists(st.tuples(WS_HEADER_NAMES, HEADER_TEXT), max_size=4),
         path=st.just(b"/acp") | PATHS,
     )
     def fuzz(drop: set[bytes], replace: dict[bytes, bytes], extra: list[tuple[bytes, bytes]], path: bytes) -> None:
-        base = {b"Upgrade": b"websocket", b"Connection": b"Upgrade", b"Sec-WebSocket-Key": WS_KEY,
-                b"Sec-WebSocket-Version": b"13", **replace}
+        base = {
+            b"Upgrade": b"websocket",
+            b"Connection": b"Upgrade",
+            b"Sec-WebSocket-Key": WS_KEY,
+            b"Sec-WebSocket-Version": b"13",
+            **replace,
+        }
         headers = [(name, value) for name, value in base.items() if name not in drop] + extra
         exchange(wire.port, rawhttp.request_bytes(b"GET", path, headers))
 
@@ -558,8 +676,13 @@ def test_websocket_handshakes(wire: DaphneServer) -> None:
 
 
 def _upgrade(path: bytes, *extra: tuple[bytes, bytes]) -> bytes:
-    headers = [(b"Upgrade", b"websocket"), (b"Connection", b"Upgrade"), (b"Sec-WebSocket-Key", WS_KEY),
-               (b"Sec-WebSocket-Version", b"13"), *extra]
+    headers = [
+        (b"Upgrade", b"websocket"),
+        (b"Connection", b"Upgrade"),
+        (b"Sec-WebSocket-Key", WS_KEY),
+        (b"Sec-WebSocket-Version", b"13"),
+        *extra,
+    ]
     return rawhttp.request_bytes(b"GET", path, headers)
 
 
@@ -621,16 +744,18 @@ def test_disconnects_mid_stream(demo: DaphneServer) -> None:
         for round_number in range(6):
             reader = open_stream_once_released(demo.port, connection_id, session_id)
             assert reader.status == 200, f"the stream was not released after round {round_number - 1}"
-            result = rawhttp.post_json(demo.port, rawhttp_prompt(100 + round_number, session_id, "stream 3000 512"),
-                                       connection_id, session_id)
+            result = rawhttp.post_json(
+                demo.port, rawhttp_prompt(100 + round_number, session_id, "stream 3000 512"), connection_id, session_id
+            )
             assert isinstance(result, RawResponse) and result.status == 202, result
             for _ in itertools.islice(reader.events(REQUEST_TIMEOUT), generator.randrange(1, 400)):
                 pass
             hang_up(reader.sock, generator.random() < 0.5)
         # The last prompts' output is still queued for the session stream: a new reader gets it all.
         reader = open_stream_once_released(demo.port, connection_id, session_id)
-        result = rawhttp.post_json(demo.port, rawhttp_prompt(200, session_id, "echo still here"), connection_id,
-                                   session_id)
+        result = rawhttp.post_json(
+            demo.port, rawhttp_prompt(200, session_id, "echo still here"), connection_id, session_id
+        )
         assert isinstance(result, RawResponse) and result.status == 202
         reply = reader.until_reply(200, timeout=REQUEST_TIMEOUT)
         assert reply["result"]["stopReason"] == "end_turn"
@@ -642,14 +767,19 @@ def test_disconnects_mid_stream(demo: DaphneServer) -> None:
             sock, answer = rawhttp.ws_handshake(demo.port)
             assert isinstance(answer, RawResponse) and answer.status == 101, answer
             frames = WsReader(sock, answer.body)
-            sock.sendall(rawhttp.ws_frame(rawhttp.TEXT, json.dumps(rpc(0, "initialize", {"protocolVersion": 1}))
-                                          .encode()))
+            sock.sendall(
+                rawhttp.ws_frame(rawhttp.TEXT, json.dumps(rpc(0, "initialize", {"protocolVersion": 1})).encode())
+            )
             frames.json_until(0)
-            sock.sendall(rawhttp.ws_frame(rawhttp.TEXT, json.dumps(
-                rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})).encode()))
+            sock.sendall(
+                rawhttp.ws_frame(
+                    rawhttp.TEXT, json.dumps(rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})).encode()
+                )
+            )
             ws_session = frames.json_until(1)["result"]["sessionId"]
-            sock.sendall(rawhttp.ws_frame(rawhttp.TEXT, json.dumps(rawhttp_prompt(2, ws_session, "stream 3000 512"))
-                                          .encode()))
+            sock.sendall(
+                rawhttp.ws_frame(rawhttp.TEXT, json.dumps(rawhttp_prompt(2, ws_session, "stream 3000 512")).encode())
+            )
             for _ in range(generator.randrange(1, 300)):
                 frames.next(REQUEST_TIMEOUT)
             hang_up(sock, generator.random() < 0.5)
@@ -679,13 +809,15 @@ async def test_a_fresh_client_is_served_after_the_fuzzing(demo: DaphneServer, wi
     async with httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT)) as client:
         connection_id = await initialize(client, demo.url)
         async with open_sse(client, demo.url, connection_id) as connection_stream:
-            assert (await post(client, demo.url, rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []}),
-                               connection_id)).status_code == 202
+            assert (
+                await post(client, demo.url, rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []}), connection_id)
+            ).status_code == 202
             reply = await connection_stream.next(REQUEST_TIMEOUT)
             session_id = reply["result"]["sessionId"]
             async with open_sse(client, demo.url, connection_id, session_id) as session_stream:
-                response = await post(client, demo.url, rawhttp_prompt(2, session_id, "echo after fuzzing"),
-                                      connection_id, session_id)
+                response = await post(
+                    client, demo.url, rawhttp_prompt(2, session_id, "echo after fuzzing"), connection_id, session_id
+                )
                 assert response.status_code == 202
                 update = await session_stream.next(REQUEST_TIMEOUT)
                 assert update["params"]["update"]["content"]["text"] == "after fuzzing"

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from channels.testing import HttpCommunicator, WebsocketCommunicator
 
-from acp_channels import gateway
-from acp_channels.gateway import AgentNotStarted, QuotaExceeded, ServerFull, ShuttingDown, open_connection
-from acp_channels.host import registry
-from acp_channels.identity import ANONYMOUS, Principal
-from acp_channels.lifecycle import lifecycle
-from acp_channels.routing import build_asgi_application
-from acp_channels.worker import WORKER_ID, worker_of
+from acp_channels import _gateway as gateway
+from acp_channels._gateway import AgentNotStarted, QuotaExceeded, ServerFull, ShuttingDown, open_connection
+from acp_channels._host import registry
+from acp_channels._identity import ANONYMOUS, Principal
+from acp_channels._lifecycle import lifecycle
+from acp_channels._routing import build_asgi_application
+from acp_channels._worker import WORKER_ID, worker_of
 from tests.live import rpc
 
 ADA = Principal("user", "ada", "Ada")

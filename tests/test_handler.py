@@ -1,4 +1,4 @@
-"""acp_channels.handler: requests start no OS thread when none of their calls needs one, and
+"""acp_channels._handler: requests start no OS thread when none of their calls needs one, and
 everything Django promises still happens (signals sent, sync code in one thread per request).
 
 Driven in-process through the application `build_asgi_application` makes, with asgiref's
@@ -23,8 +23,8 @@ from django.core.handlers.base import reset_urlconf
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import include, path
 
-from acp_channels.handler import AcpASGIHandler, LoopCloser, RequestExecutor, close_runs_on_loop
-from acp_channels.limits import BodyLimit
+from acp_channels._handler import AcpASGIHandler, LoopCloser, RequestExecutor, close_runs_on_loop
+from acp_channels._limits import BodyLimit
 
 
 async def two_sync_calls(request: HttpRequest) -> HttpResponse:
@@ -91,9 +91,16 @@ async def exchange(
 
 def http_scope(url: str, method: str = "GET", headers: dict[str, str] | None = None) -> dict[str, Any]:
     return {
-        "type": "http", "method": method, "path": url, "raw_path": url.encode(), "query_string": b"",
+        "type": "http",
+        "method": method,
+        "path": url,
+        "raw_path": url.encode(),
+        "query_string": b"",
         "headers": [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()],
-        "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000),
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 5000),
         "root_path": "",
     }
 

@@ -1,4 +1,4 @@
-"""acp_channels.handoff: the queue and event every connection holds, against asyncio's semantics
+"""acp_channels._handoff: the queue and event every connection holds, against asyncio's semantics
 (order, bounds, cancellation losing nothing) and their memory (what they exist for), and what an
 idle HTTP connection holds with them."""
 
@@ -9,7 +9,7 @@ import tracemalloc
 
 import pytest
 
-from acp_channels.handoff import HandoffQueue, LazyEvent
+from acp_channels._handoff import HandoffQueue, LazyEvent
 
 
 async def test_queue_is_fifo_and_get_waits_for_a_put() -> None:
@@ -115,9 +115,9 @@ async def test_idle_queue_and_event_hold_a_fraction_of_asyncios() -> None:
 async def test_an_idle_http_connection_holds_no_socket_outbox_and_little_memory() -> None:
     """Guards the cuts of bench/MEMORY.md: 100 started HTTP connections with the demo agent
     (in-process, as the demo serves it), and what they hold once started, per connection."""
-    from acp_channels.agents.factory import create_agent_channel
-    from acp_channels.host import registry
-    from acp_channels.worker import new_connection_id
+    from acp_channels._agents.factory import create_agent_channel
+    from acp_channels._host import registry
+    from acp_channels._worker import new_connection_id
 
     tracemalloc.start()
     try:

@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from acp_channels._protocol import Single
 
-from acp_channels import protocol
-from acp_channels.host import (
+from acp_channels import _protocol as protocol
+from acp_channels._host import (
     TAKE_BYTES,
     ConnectionHost,
     Mailbox,
@@ -25,8 +26,7 @@ from acp_channels.host import (
     WorkerBudget,
     registry,
 )
-from acp_channels.protocol import Single
-from acp_channels.worker import new_connection_id
+from acp_channels._worker import new_connection_id
 from tests.caps_agent import CapsAgent
 from tests.live import notification, rpc
 
@@ -567,7 +567,7 @@ async def stream_through_host(budget: int, chunks: int, size: int = 200) -> tupl
     the session stream delivered before the prompt's reply (chunk indices in order, or the
     notices that replaced chunks), how many frames went through the router, and the most the
     connection's budget held at any take."""
-    from acp_channels.agents.sdk import SdkAgentChannel
+    from acp_channels._agents.sdk import SdkAgentChannel
     from demo_project.agent import create_agent
 
     host = registry.create(
@@ -593,8 +593,16 @@ async def stream_through_host(budget: int, chunks: int, size: int = 200) -> tupl
         assert (await next_item(host))["id"] == 0
         await host.submit(plan(rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})))
         session = (await next_item(host))["result"]["sessionId"]
-        await host.submit(plan(rpc(2, "session/prompt", {"sessionId": session, "prompt": [
-            {"type": "text", "text": f"stream {chunks} {size}"}]}), session))
+        await host.submit(
+            plan(
+                rpc(
+                    2,
+                    "session/prompt",
+                    {"sessionId": session, "prompt": [{"type": "text", "text": f"stream {chunks} {size}"}]},
+                ),
+                session,
+            )
+        )
         delivered: list[Any] = []
         peak = 0
         lease = host.lease(session)

@@ -8,9 +8,11 @@ import ssl
 import httpx
 import pytest
 
-from acp_channels.client import HttpClient, h2_transport, transport_http
-from acp_channels.client.errors import ClientUsageError
-from acp_channels.client.tls import h2_available, tls_context
+from acp_channels.client import HttpClient
+from acp_channels.client import _h2_transport as h2_transport
+from acp_channels.client import _transport_http as transport_http
+from acp_channels.client._errors import ClientUsageError
+from acp_channels.client._tls import h2_available, tls_context
 
 
 def pool_of(client: HttpClient) -> httpx.AsyncBaseTransport:

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import httpx
 import pytest
 
-from acp_channels.limits import BODY_TOO_LARGE
+from acp_channels._limits import BODY_TOO_LARGE
 from tests.h2raw import H2Stream, RawH2
 from tests.live import DaphneServer, RawConnection, RawSse, RawWebSocket, memory, rpc, settle_paused, tls_certificate
 
@@ -55,7 +55,7 @@ ENV = {
     "ACP_BODY_TIMEOUT_SECONDS": "1",
 }
 JSON = {"content-type": "application/json"}
-#: acp_channels.daphne_guards.LINGER_SECONDS (not imported: it is Twisted's, for daphne only).
+#: acp_channels._daphne_guards.LINGER_SECONDS (not imported: it is Twisted's, for daphne only).
 LINGER_SECONDS = 5.0
 _ids = itertools.count()
 

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator
 import httpx
 import pytest
 
-from acp_channels import protocol
+from acp_channels import _protocol as protocol
 from tests.cluster import Cluster, RedisServer
 from tests.live import (
     DaphneServer,

@@ -15,10 +15,10 @@ from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer as StockLayer
 from redis.asyncio import BlockingConnectionPool
 
+from acp_channels._views import host_unavailable
+from acp_channels._worker import Bus, LayerUnavailable, WorkerBusy
+from acp_channels._worker_protocol import Alive, Probe, encode_op
 from acp_channels.layers import DEFAULT_SOCKET_TIMEOUT, RedisChannelLayer
-from acp_channels.views import host_unavailable
-from acp_channels.worker import Bus, LayerUnavailable, WorkerBusy
-from acp_channels.worker_protocol import Alive, Probe, encode_op
 from tests.cluster import RedisServer
 
 

@@ -1,4 +1,4 @@
-"""Log levels that fit (acp_channels/logs.py): refusals a client caused (401, 404, 409, 503 at the
+"""Log levels that fit (acp_channels/_logs.py): refusals a client caused (401, 404, 409, 503 at the
 connection cap, a foreign Origin, a disallowed Host) cost at most one log line each, at INFO;
 the one WARNING a client can cause, a disallowed Host (Django's security signal), comes at most
 once a minute and says how many came since. Before, a burst at the cap logged one ERROR line per

@@ -1,4 +1,4 @@
-"""acp_channels.logs in process: the rate limit of WARNINGs a client can cause (a clock we
+"""acp_channels._logs in process: the rate limit of WARNINGs a client can cause (a clock we
 move), and Django's request line dropped for a refusal we logged ourselves."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from django.utils.log import log_response
 
-from acp_channels.logs import ClientRefusals, RateLimited, logged_already
+from acp_channels._logs import ClientRefusals, RateLimited, logged_already
 
 
 class Clock:

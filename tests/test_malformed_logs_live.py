@@ -19,7 +19,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from acp_channels import protocol
+from acp_channels import _protocol as protocol
 from tests import malformed
 from tests.live import DaphneServer, initialize, post, rpc, wait_for_line
 

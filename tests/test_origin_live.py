@@ -213,7 +213,7 @@ def proxied_server() -> Iterator[DaphneServer]:
 
 
 async def test_a_wss_page_behind_the_proxy_is_its_own_origin(proxied_server: DaphneServer) -> None:
-    """daphne leaves the scheme out of WebSocket scopes; acp_channels.daphne_compat fills it in
+    """daphne leaves the scheme out of WebSocket scopes; acp_channels._daphne_compat fills it in
     from X-Forwarded-Proto (with --proxy-headers) or the TLS transport."""
     own = f"https://127.0.0.1:{proxied_server.port}"
     proxied = {"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https"}

@@ -1,4 +1,4 @@
-"""acp_channels.patches: the list of every patch, the versions they were tested with (the pins of
+"""acp_channels._patches: the list of every patch, the versions they were tested with (the pins of
 pyproject.toml, system check acp_channels.W006), and that they are process-wide only where
 daphne serves: `manage.py check`, `migrate`, or a process that builds the application without
 serving it leave daphne, Twisted, autobahn and SIGTERM as they were. (That a serving daphne
@@ -25,9 +25,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from acp_channels import daphne_compat, patches
-from acp_channels.patches import TESTED_VERSIONS, installed_version, release, untested_versions
-from acp_channels.startup import check_versions
+from acp_channels import _daphne_compat as daphne_compat
+from acp_channels import _patches as patches
+from acp_channels._patches import TESTED_VERSIONS, installed_version, release, untested_versions
+from acp_channels._startup import check_versions
 from tests.live import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -135,7 +136,7 @@ def test_every_patch_of_daphne_compat_is_installed_and_listed() -> None:
 
 
 def test_every_guard_of_daphne_guards_is_listed() -> None:
-    from acp_channels import daphne_guards
+    from acp_channels import _daphne_guards as daphne_guards
 
     names = ["GuardedHTTPChannel", "GuardedWebRequest", "GuardedHTTPFactory", "H2BodyRefusal", "watch_h2_connections"]
     assert all(hasattr(daphne_guards, name) for name in names)
@@ -179,13 +180,13 @@ STATE = """
 import json, signal
 import autobahn.util, daphne.http_protocol, daphne.server, daphne.ws_protocol
 from autobahn.websocket import protocol
-from acp_channels import daphne_compat
+from acp_channels import _daphne_compat as daphne_compat
 # The handler while daphne served, where the code ran a server; the one now otherwise.
 sigterm = globals().get("sigterm_while_serving", signal.getsignal(signal.SIGTERM))
 print("STATE " + json.dumps({
     "installed": daphne_compat.installed(),
     "sigterm_default": sigterm is signal.SIG_DFL,
-    "sigterm_ours": getattr(sigterm, "__module__", None) == "acp_channels.daphne_compat",
+    "sigterm_ours": getattr(sigterm, "__module__", None) == "acp_channels._daphne_compat",
     "hltype_autobahns": protocol.hltype is autobahn.util.hltype,
     "http_factory_daphnes": daphne.server.HTTPFactory is daphne.http_protocol.HTTPFactory,
     "handle_reply_daphnes": not hasattr(daphne.ws_protocol.WebSocketProtocol.handle_reply, "acp_channels_patched"),

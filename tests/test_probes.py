@@ -10,9 +10,9 @@ import pytest
 from django.test import AsyncClient
 from prometheus_client import REGISTRY
 
-from acp_channels import metrics
-from acp_channels.lifecycle import lifecycle
-from acp_channels.worker import WORKER_ID, AgentBusy, HostUnreachable, LayerUnavailable
+from acp_channels import _metrics as metrics
+from acp_channels._lifecycle import lifecycle
+from acp_channels._worker import WORKER_ID, AgentBusy, HostUnreachable, LayerUnavailable
 
 
 @pytest.fixture
@@ -98,10 +98,10 @@ async def test_cross_worker_calls_counted_by_outcome(
 async def test_in_one_process_the_cluster_is_this_process() -> None:
     """With the in-memory layer, cluster_connections and end_connection act on this process's
     own connections (a worker calling them; the commands refuse: they run in another process)."""
-    from acp_channels.cluster_admin import cluster_connections, end_connection
-    from acp_channels.host import registry
-    from acp_channels.identity import Principal
-    from acp_channels.worker import new_connection_id
+    from acp_channels._cluster_admin import cluster_connections, end_connection
+    from acp_channels._host import registry
+    from acp_channels._identity import Principal
+    from acp_channels._worker import new_connection_id
     from tests.wire_agent import create
 
     alice = Principal("token", "alice", "Alice")

@@ -1,4 +1,4 @@
-"""Unit tests of the pure wire rules in acp_channels.protocol (no Django, no I/O).
+"""Unit tests of the pure wire rules in acp_channels._protocol (no Django, no I/O).
 
 Section numbers refer to docs/wire-contract.md; "item N" is an entry of its §14
 conformance checklist, re-expressed here at the function level.
@@ -14,11 +14,7 @@ from typing import Any, Literal
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from acp_channels import protocol
-from acp_channels.protocol import (
+from acp_channels._protocol import (
     ARRAY_PARAMS,
     CONNECTION_STREAM,
     MISMATCHED_SESSION,
@@ -49,6 +45,10 @@ from acp_channels.protocol import (
     serialize_frame,
     sse_event,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from acp_channels import _protocol as protocol
 from tests.loop_turns import LoopTurns
 
 _ABSENT: Any = object()

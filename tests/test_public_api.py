@@ -1,5 +1,6 @@
-"""The public API is what docs/api.md lists: `acp_channels.__all__` and `acp_channels.client.__all__`
-name exactly the names of its tables, and every one of them can be imported."""
+"""The public API is what docs/api.md lists: `acp_channels.__all__`, `acp_channels.errors.__all__`
+and `acp_channels.client.__all__` name exactly the names of its tables, and every one of them can
+be imported; every other module of the package has a leading underscore."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 import acp_channels
 import acp_channels.client
+import acp_channels.errors
 from tests.live import ROOT
 
 API = (ROOT / "docs" / "api.md").read_text()
@@ -24,6 +26,12 @@ def documented(heading: str) -> list[str]:
 
 SERVER = documented("## The server: `acp_channels`")
 CLIENT = documented("## The client: `acp_channels.client`")
+ERRORS = documented("## The server's errors: `acp_channels.errors`")
+#: Modules with a public name: the ones docs/api.md names, and what Python and Django require.
+PUBLIC_MODULES = frozenset({
+    "acp_channels", "acp_channels.apps", "acp_channels.urls", "acp_channels.auth", "acp_channels.layers",
+    "acp_channels.errors", "acp_channels.client", "acp_channels.bridge",
+})  # fmt: skip
 
 
 def test_the_tables_are_read() -> None:
@@ -36,6 +44,26 @@ def test_the_server_api_is_what_the_docs_list() -> None:
 
 def test_the_client_api_is_what_the_docs_list() -> None:
     assert sorted(acp_channels.client.__all__) == sorted(CLIENT)
+
+
+def test_the_public_errors_are_what_the_docs_list() -> None:
+    assert sorted(acp_channels.errors.__all__) == sorted(ERRORS)
+    assert {"AcpError", "Refused"} <= set(ERRORS)
+
+
+def test_every_other_module_is_marked_internal() -> None:
+    """Below the public modules, each module or package name starts with an underscore (or
+    lives in one that does; `__main__` is Python's); Django's management commands keep the names
+    Django needs."""
+    package = ROOT / "acp_channels"
+    public_named = set()
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if "management" in parts or any(part.startswith("_") and part != "__init__" for part in parts):
+            continue
+        public_named.add(module)
+    assert public_named == PUBLIC_MODULES
 
 
 @pytest.mark.parametrize("name", SERVER)
@@ -58,3 +86,13 @@ def test_importing_the_package_imports_nothing_of_djangos() -> None:
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         acp_channels.nothing_here  # noqa: B018
+
+
+def test_every_logger_of_the_package_is_documented() -> None:
+    """Logger names are public (docs/api.md): docs/operations.md names each one the code uses."""
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    used = set()
+    for path in (ROOT / "acp_channels").rglob("*.py"):
+        used |= set(re.findall(r'getLogger\("(acp_channels[\w.]*)"\)', path.read_text()))
+    assert "acp_channels.host" in used  # the reader finds them
+    assert sorted(name for name in used if f"`{name}`" not in operations) == []

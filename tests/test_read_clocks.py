@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from acp_channels.limits import CLOCK_SWEEP_SECONDS, ReadClocks
+from acp_channels._limits import CLOCK_SWEEP_SECONDS, ReadClocks
 
 
 class Timers:

@@ -1,4 +1,4 @@
-"""acp_channels.redis_wire: the inboxes' Redis client, its parser alone and against real Redis
+"""acp_channels._redis_wire: the inboxes' Redis client, its parser alone and against real Redis
 (the machine's, or a private redis-server: tests.cluster.RedisServer)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import BlockingConnectionPool
 from redis.credentials import UsernamePasswordCredentialProvider
 
-from acp_channels.redis_wire import ProtocolError, RedisReplyError, RedisWire, Script, _Connection, encode_command
+from acp_channels._redis_wire import ProtocolError, RedisReplyError, RedisWire, Script, _Connection, encode_command
 from tests.cluster import RedisServer
 
 # -- the parser, fed as Redis might split its replies ------------------------------------------
@@ -280,7 +280,7 @@ async def test_a_bus_whose_first_act_is_a_send_uses_the_inbox(
 ) -> None:
     """The inbox is made with the layer; a send before anything else touched the layer went
     through the layer's sorted sets, which no inbox reads."""
-    from acp_channels import worker
+    from acp_channels import _worker as worker
     from acp_channels.layers import RedisChannelLayer
 
     prefix = f"acp-test-{uuid.uuid4().hex[:8]}:"

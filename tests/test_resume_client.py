@@ -21,8 +21,8 @@ from acp_channels.client import (
     ResumeRefusedError,
     StreamEndedError,
     WebSocketClosedError,
-    transport_ws,
 )
+from acp_channels.client import _transport_ws as transport_ws
 from tests.cut_proxy import CutProxy, session_stream, streams, websocket
 from tests.peers.fakes import CONNECTION_ID, Answer, FakeAcp, Reply, Request, within
 from tests.peers.resumable import EventLog, ResumableSse, ResumableWs, notification, rpc_result

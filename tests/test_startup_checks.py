@@ -1,4 +1,4 @@
-"""acp_channels.startup in-process: `run_startup_checks` (what `build_asgi_application` runs),
+"""acp_channels._startup in-process: `run_startup_checks` (what `build_asgi_application` runs),
 and the checks of REQUIRED_PERMISSION (E035, W007) that need no database. The database's part,
 and each failure as daphne meets it, are in tests/test_startup_live.py; the channel layer's
 (E036, E037) in tests/test_checks_layer.py; the versions' (W006) in tests/test_patches.py."""
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from acp_channels import startup
-from acp_channels.routing import build_asgi_application
-from acp_channels.startup import (
+from acp_channels import _startup as startup
+from acp_channels._routing import build_asgi_application
+from acp_channels._startup import (
     check_required_permission,
     check_required_permission_in_database,
     run_startup_checks,

@@ -1,6 +1,6 @@
 """A configuration that cannot serve fails daphne's start, with the system check's id and text
 on its stderr, instead of starting and answering every request with a 500
-(acp_channels.startup, run by `build_asgi_application` as daphne imports the demo's asgi module):
+(acp_channels._startup, run by `build_asgi_application` as daphne imports the demo's asgi module):
 a channel layer whose backend does not import (the Redis layer without the `redis` extra among
 them), a Redis that cannot be reached, an authenticator or a token lookup that does not import,
 and a REQUIRED_PERMISSION that does not exist. The demo and a permission only the database

@@ -18,19 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from acp_channels._protocol import Batch, Frame, Malformed, Single
 
-from acp_channels import protocol
-from acp_channels.agents import AgentClosed, create_agent_channel
-from acp_channels.agents.stdio import (
+from acp_channels import _protocol as protocol
+from acp_channels._agents import AgentClosed, create_agent_channel
+from acp_channels._agents.stdio import (
     CONNECTION_ENV,
     LINE_HEADROOM,
     STDERR_LINE_MAX,
     StdioAgentChannel,
     setting_problems,
 )
-from acp_channels.host import RESUME_META_KEY, ConnectionHost, resume_capabilities
-from acp_channels.identity import ANONYMOUS, AgentContext
-from acp_channels.protocol import Batch, Frame, Malformed, Single
+from acp_channels._host import RESUME_META_KEY, ConnectionHost, resume_capabilities
+from acp_channels._identity import ANONYMOUS, AgentContext
 from tests.agent_processes import alive, reaped, supported, wait_gone
 from tests.live import ROOT, rpc
 
@@ -524,7 +524,7 @@ def test_setting_problems(tmp_path: Path) -> None:
 
 
 def test_system_checks_for_the_command_form(settings: Any) -> None:
-    from acp_channels.checks import check_settings
+    from acp_channels._checks import check_settings
 
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": {"command": COMMAND}}
     assert check_settings() == []
@@ -540,7 +540,7 @@ def test_system_checks_for_the_command_form(settings: Any) -> None:
 
 @pytest.mark.parametrize(("grace", "ok"), [(0, True), (0.5, True), (3, True), (-1, False), ("2", False), (None, False)])
 def test_system_check_for_the_shutdown_grace(settings: Any, grace: Any, ok: bool) -> None:
-    from acp_channels.checks import check_settings
+    from acp_channels._checks import check_settings
 
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT_SHUTDOWN_GRACE": grace}
     messages = check_settings()
@@ -574,8 +574,8 @@ async def test_the_factory_starts_a_process_for_the_command_form(settings: Any) 
 _ORPHANING_SERVER = textwrap.dedent(
     """
     import asyncio, json, os, signal, sys
-    from acp_channels.agents.stdio import StdioAgentChannel
-    from acp_channels.protocol import parse_frame
+    from acp_channels._agents.stdio import StdioAgentChannel
+    from acp_channels._protocol import parse_frame
 
     async def main():
         channel = StdioAgentChannel(json.loads(sys.argv[1]), connection_id="conn-orphan", shutdown_grace=0.3)

@@ -4,7 +4,7 @@ Regression: with Django's database request hooks connected (sync receivers), eve
 to a thread of its ThreadSensitiveContext, which lives as long as the response: each open SSE
 stream held a thread (400 streams, 401 threads). The demo has no database, so the hooks go.
 Then Django's handler still started two threads per request to close the response
-(acp_channels.handler): counted here as the process ids the kernel hands out meanwhile.
+(acp_channels._handler): counted here as the process ids the kernel hands out meanwhile.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from acp_channels import protocol
-from acp_channels.host import RESUME_META_KEY, resume_capabilities
+from acp_channels import _protocol as protocol
+from acp_channels._host import RESUME_META_KEY, resume_capabilities
 from tests.live import JSON, DaphneServer, SseReader, initialize, notification, open_sse, post, rpc
 
 T = 5.0  # seconds any single expected event may take

@@ -4,7 +4,7 @@ One JSON-RPC frame per text message each way; batches stay whole; malformed text
 answered; binary is ignored; agent exit drains then closes; the Origin gate; and the quirk that a
 WebSocket connection id also works with POST, GET (409) and DELETE.
 
-The connection id comes from the 101's `acp-connection-id` header (acp_channels.daphne_compat
+The connection id comes from the 101's `acp-connection-id` header (acp_channels._daphne_compat
 makes daphne send the headers of `websocket.accept`).
 """
 

@@ -10,15 +10,17 @@ from typing import Any
 
 import msgpack
 import pytest
+from acp_channels._protocol import InboundPlan, SessionHeaderError, Single
 
-from acp_channels import gateway, worker, worker_protocol
-from acp_channels.agents import AgentClosed
-from acp_channels.host import Mailbox, OutboundBudget, ReplayUnavailable, StreamBusy, TooManyRequests, TooManyStreams
-from acp_channels.identity import Principal
-from acp_channels.inventory import ConnectionInfo
-from acp_channels.protocol import InboundPlan, SessionHeaderError, Single
-from acp_channels.worker import Bus, HostUnreachable, WorkerBusy
-from acp_channels.worker_protocol import (
+from acp_channels import _gateway as gateway
+from acp_channels import _worker as worker
+from acp_channels import _worker_protocol as worker_protocol
+from acp_channels._agents import AgentClosed
+from acp_channels._host import Mailbox, OutboundBudget, ReplayUnavailable, StreamBusy, TooManyRequests, TooManyStreams
+from acp_channels._identity import Principal
+from acp_channels._inventory import ConnectionInfo
+from acp_channels._worker import Bus, HostUnreachable, WorkerBusy
+from acp_channels._worker_protocol import (
     OPS,
     PUSH_CREDIT_BATCHES,
     REPLIES,
@@ -472,7 +474,7 @@ class LoopbackBus(Bus):
 
 @pytest.fixture
 def loopback(monkeypatch: pytest.MonkeyPatch) -> LoopbackBus:
-    from acp_channels import worker
+    from acp_channels import _worker as worker
 
     loop_bus = LoopbackBus()
     loop_bus._handlers = dict(worker.bus._handlers)

@@ -34,9 +34,10 @@ import json
 import time
 from typing import Any
 
-from acp_channels import protocol
-from acp_channels.agents import AgentClosed
-from acp_channels.protocol import Batch, Frame, Malformed, MalformedEntry, Message, Single
+from acp_channels._protocol import Batch, Frame, Malformed, MalformedEntry, Message, Single
+
+from acp_channels import _protocol as protocol
+from acp_channels._agents import AgentClosed
 
 #: `test/flooded` frames taken by hosts from wire agents in this process (see test/flood_stats).
 flood_frames_taken = 0

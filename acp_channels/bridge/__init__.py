@@ -11,6 +11,6 @@ usage, 128 + n after signal n. See docs/bridge.md.
 
 from __future__ import annotations
 
-from .relay import BRIDGE_ERROR, Bridge, BridgeEnd
+from ._relay import BRIDGE_ERROR, Bridge, BridgeEnd
 
 __all__ = ["BRIDGE_ERROR", "Bridge", "BridgeEnd"]

@@ -9,11 +9,11 @@ import signal
 import sys
 
 from acp_channels.client import ClientUsageError
-from acp_channels.client.cli import ConnectionOptions, add_connection_arguments, connection_options
-from acp_channels.client.http_client import shown_url
+from acp_channels.client._cli import ConnectionOptions, add_connection_arguments, connection_options
+from acp_channels.client._http_client import shown_url
 
-from .relay import Bridge, BridgeEnd, log_reconnect
-from .stdio import StdinLines, StdoutLines
+from ._relay import Bridge, BridgeEnd, log_reconnect
+from ._stdio import StdinLines, StdoutLines
 
 __all__ = ["main", "parser"]
 

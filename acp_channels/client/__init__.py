@@ -12,7 +12,7 @@ prompt_toolkit and rich.
 from __future__ import annotations
 
 from ._base import FrameValue, RawFrame
-from .errors import (
+from ._errors import (
     AcpClientError,
     AuthenticationError,
     ClientUsageError,
@@ -28,9 +28,9 @@ from .errors import (
     TransportTimeoutError,
     WebSocketClosedError,
 )
-from .http_client import DEFAULT_TIMEOUT, HttpClient, check_token, resolve_endpoint
-from .reconnect import DEFAULT_BACKOFF, Backoff, ReconnectEvent, ReconnectPolicy, StreamDrop
-from .retry import DEFAULT_RETRY_AFTER, RetryAfter, RetryEvent
+from ._http_client import DEFAULT_TIMEOUT, HttpClient, check_token, resolve_endpoint
+from ._reconnect import DEFAULT_BACKOFF, Backoff, ReconnectEvent, ReconnectPolicy, StreamDrop
+from ._retry import DEFAULT_RETRY_AFTER, RetryAfter, RetryEvent
 
 __all__ = [
     "DEFAULT_BACKOFF",

@@ -14,10 +14,10 @@ import os
 import sys
 from typing import NoReturn
 
-from .cli import TOKEN_ENVIRONMENT_VARIABLE, add_connection_arguments, connection_options
-from .errors import ClientUsageError
-from .terminal import run
-from .terminal_input import default_history_path
+from ._cli import TOKEN_ENVIRONMENT_VARIABLE, add_connection_arguments, connection_options
+from ._errors import ClientUsageError
+from ._terminal import run
+from ._terminal_input import default_history_path
 
 __all__ = ["EXIT_USAGE", "TOKEN_ENVIRONMENT_VARIABLE", "main"]
 

@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, TypeVar
 
-from acp_channels import protocol
-from acp_channels.protocol import Batch, Malformed, MalformedEntry, Single
+from acp_channels import _protocol as protocol
+from acp_channels._protocol import Batch, Malformed, MalformedEntry, Single
 
-from .errors import ClientUsageError, HttpStatusError, TransportClosedError, TransportError, status_error
+from ._errors import ClientUsageError, HttpStatusError, TransportClosedError, TransportError, status_error
 
 __all__ = [
     "FrameValue",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from acp.helpers import update_agent_message_text
-from acp_channels.identity import AgentContext
+from acp_channels._identity import AgentContext
 from demo_project.agent import DemoAgent
 
 

@@ -1,7 +1,7 @@
 """`manage.py acp_connections [--json] [--timeout S]`: the live ACP connections of every worker.
 
 Runs in its own process and asks every live worker over the channel layer (see
-acp_channels.cluster_admin). Exit status 0 when every live worker answered, 2 when some did not
+acp_channels._cluster_admin). Exit status 0 when every live worker answered, 2 when some did not
 (their connections are missing from the list: they are named), 1 when the cluster cannot be
 reached at all (an in-memory channel layer, Redis down).
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from acp_channels.cluster_admin import ClusterUnreachable, cluster_connections, live_workers, shared_layer
-from acp_channels.inventory import ConnectionInfo
-from acp_channels.worker import bus
+from acp_channels._cluster_admin import ClusterUnreachable, cluster_connections, live_workers, shared_layer
+from acp_channels._inventory import ConnectionInfo
+from acp_channels._worker import bus
 
 COLUMNS = ("CONNECTION", "WORKER", "PRINCIPAL", "TRANSPORT", "SESSIONS", "AGE", "IDLE", "BUFFERED", "AGENT PID")
 

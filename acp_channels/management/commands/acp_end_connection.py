@@ -13,8 +13,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from acp_channels.cluster_admin import ClusterUnreachable, WorkerDidNotAnswer, end_connection, shared_layer
-from acp_channels.worker import bus
+from acp_channels._cluster_admin import ClusterUnreachable, WorkerDidNotAnswer, end_connection, shared_layer
+from acp_channels._worker import bus
 
 
 class Command(BaseCommand):

@@ -1,0 +1,43 @@
+"""What the server tells a client about resuming its streams, in the initialize result's `_meta`
+(docs/resumable-streams.md)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from acp_channels import _protocol as protocol
+from acp_channels._conf import acp_settings
+
+#: The key under the initialize result's `_meta` where the server says how streams resume
+#: (docs/resumable-streams.md).
+RESUME_META_KEY: Final = "acp-channels/resume"
+
+
+def resume_capabilities() -> dict[str, Any]:
+    resume_seconds = acp_settings.WEBSOCKET_RESUME_SECONDS
+    return {
+        "sse": True,
+        # 0: a dropped socket ends its connection, so there is nothing to reattach to.
+        "websocket": resume_seconds > 0,
+        "windowEvents": acp_settings.REPLAY_WINDOW_EVENTS,
+        "windowBytes": acp_settings.REPLAY_WINDOW_BYTES,
+        "websocketResumeSeconds": resume_seconds,
+    }
+
+
+def advertise_resume(reply: protocol.Message, connection_id: str | None = None) -> None:
+    """Add what the server supports for resuming streams to an initialize result's `_meta`
+    (next to what the agent put there). A WebSocket's reply also names its connection: a browser
+    cannot read the 101's `Acp-Connection-Id`, and needs the id to reattach; and the method of the
+    message that tells a reattached browser socket how many of its messages the server has."""
+    result = reply.get("result")
+    if isinstance(result, dict):
+        meta = result.get("_meta")
+        if not isinstance(meta, dict):
+            meta = result["_meta"] = {}
+        capabilities = resume_capabilities()
+        if connection_id is not None:
+            capabilities["connectionId"] = connection_id
+            # A browser reattaches in the query form, and learns Acp-Received from this message.
+            capabilities["receivedNotification"] = protocol.RECEIVED_NOTIFICATION
+        meta[RESUME_META_KEY] = capabilities

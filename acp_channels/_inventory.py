@@ -1,0 +1,76 @@
+"""What a worker can say about the connections it hosts, as plain values.
+
+`local_connections()` describes this process's connections; the cross-worker protocol carries
+the same `ConnectionInfo` between workers (`to_wire`/`from_wire`) so a management command can
+list every connection of the cluster (`manage.py acp_connections`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from acp_channels._identity import TransportKind
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """One live connection, as its host's worker sees it now."""
+
+    connection_id: str
+    #: The id of the worker process hosting it (also the connection id's suffix).
+    worker: str
+    #: `str(Principal)`: "anonymous", "user:alice", "token:ci" (display names, for people).
+    principal: str
+    transport: TransportKind
+    #: Session streams the connection holds now (HTTP); a WebSocket carries every session on
+    #: its one socket, so 0 there.
+    sessions: int
+    age_seconds: float
+    #: Seconds without a POST and without a reader (0 while a reader or a socket is attached).
+    idle_seconds: float
+    #: Undelivered output held for the connection's readers.
+    buffered_bytes: int
+    #: The agent's process id when it runs as a process of its own (stdio agents), else None.
+    agent_pid: int | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> ConnectionInfo:
+        return cls(
+            connection_id=str(value["connection_id"]),
+            worker=str(value["worker"]),
+            principal=str(value["principal"]),
+            transport="websocket" if value["transport"] == "websocket" else "http",
+            sessions=int(value["sessions"]),
+            age_seconds=float(value["age_seconds"]),
+            idle_seconds=float(value["idle_seconds"]),
+            buffered_bytes=int(value["buffered_bytes"]),
+            agent_pid=None if value.get("agent_pid") is None else int(value["agent_pid"]),
+        )
+
+
+def local_connections() -> list[ConnectionInfo]:
+    """The connections this process hosts, oldest first (needs the running event loop)."""
+    from acp_channels._host import registry
+
+    now = asyncio.get_running_loop().time()
+    infos = [
+        ConnectionInfo(
+            connection_id=host.connection_id,
+            # The id's suffix (not worker.WORKER_ID: the cross-worker protocol imports this module).
+            worker=host.connection_id.rpartition(".")[2],
+            principal=str(host.principal),
+            transport=host.transport,
+            sessions=host.session_streams,
+            age_seconds=round(now - host.opened_at, 3),
+            idle_seconds=round(host.idle_since(now), 3),
+            buffered_bytes=host.buffered_bytes,
+            agent_pid=getattr(host.agent, "pid", None),
+        )
+        for host in registry
+    ]
+    return sorted(infos, key=lambda info: -info.age_seconds)

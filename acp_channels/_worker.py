@@ -1,0 +1,483 @@
+"""Reaching a connection's host from any worker process, through the channel layer.
+
+Every worker process has an id and an inbox channel (`acp.worker.<id>`). A connection id carries
+the id of the worker that hosts it (`<uuid4>.<worker id>`), so any worker can reach the host
+without a lookup. Operations travel as request/response messages:
+
+- a call with a receipt (`submit`, `lease`, ...) is answered with its result, or with a receipt
+  first when the result is not ready at once (the host's worker took the call) and the result
+  once it is (the agent may apply backpressure; that is not a failure).
+- the host pushes a stream's batches to its reader on another worker, which acknowledges them,
+  so nothing is lost when a reader's worker dies: the host puts unacknowledged batches back and
+  a new reader gets them, in order. A new reader that finds the stream leased by a reader on
+  another worker asks that worker (`probe`) whether the reader still exists, and takes the
+  stream over if not.
+
+Liveness comes from the heartbeat (`acp_channels._liveness`), never from latency: a late answer
+is waited for while the other worker's heartbeat says it is alive. A dead worker is a 404 at
+once (HostUnreachable); a live one too busy to take a call within SLOW_WORKER_PATIENCE is a 503
+the client may retry (WorkerBusy): the call carries an `expires`, and a worker that finds it
+later drops it unserved, so a retried request is not done twice.
+
+Nothing here relies on `group_send` (which skips full members silently): every message that
+matters is a direct send with a reply or a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+from channels.exceptions import ChannelFull
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+from acp_channels._liveness import Heartbeat, WorkerGone, reply_or_gone
+from acp_channels._metrics import measured_call
+from acp_channels._redis_wire import RedisReplyError, RedisWire, Script
+from acp_channels._worker_protocol import (
+    RECEIPT_AFTER,
+    ErrorReply,
+    Internal,
+    MalformedMessage,
+    Op,
+    Pushed,
+    PushEnded,
+    Reply,
+    UnknownOp,
+    decode_op,
+    decode_push,
+    decode_reply,
+    describe,
+    encode_op,
+    encode_push,
+    encode_receipt,
+    encode_reply,
+    expect,
+    expired,
+)
+from acp_channels.errors import AgentBusy, HostUnreachable, LayerUnavailable, WorkerBusy
+
+logger = logging.getLogger("acp_channels.worker")
+
+WORKER_ID: Final = uuid.uuid4().hex[:12]
+TAKE_WAIT: Final = 3.0  # longest a remote take waits on the host for new output
+SEND_RETRY_SECONDS: Final = 5.0  # how long a send retries a full channel before giving up
+MAX_TAKE_BYTES: Final = 1024 * 1024  # one take reply carries at most about this much output
+
+
+def worker_timeout() -> float:
+    """How long a live worker may take to acknowledge a call (WORKER_TIMEOUT_SECONDS): past it,
+    the worker is taken for dead. Also the layer's allowance on top of a take's wait."""
+    from acp_channels._conf import acp_settings
+
+    return acp_settings.WORKER_TIMEOUT_SECONDS
+
+
+def lease_idle_limit() -> float:
+    """A remote reader silent this long (no acknowledgement, no keep-alive) is gone; its stream
+    is released. As long as a slow worker is waited for: under a burst a live reader's call came
+    7.5 s late and the stream was released under it ("lost"). A reader whose worker died is
+    replaced sooner: a new reader's lease asks that worker (`probe`)."""
+    return TAKE_WAIT + worker_timeout() + SLOW_WORKER_PATIENCE + RECEIPT_GRACE
+
+
+def inbox_channel(worker_id: str) -> str:
+    return f"acp.worker.{worker_id}"
+
+
+def new_connection_id() -> str:
+    return f"{uuid.uuid4()}.{WORKER_ID}"
+
+
+def worker_of(connection_id: str) -> str | None:
+    """The id of the worker hosting a connection, or None for an id we never issued."""
+    _, _, worker_id = connection_id.rpartition(".")
+    return worker_id if len(worker_id) == 12 and worker_id.isalnum() else None
+
+
+OpHandler = Callable[[Any], Awaitable[Reply | None]]
+PushReceiver = Callable[[Pushed | PushEnded], None]
+OpT = TypeVar("OpT", bound=Op)
+
+#: How long a live but overloaded worker is waited for to take a call (its heartbeat is there)
+#: before 503; the call expires then.
+SLOW_WORKER_PATIENCE: Final = 30.0
+#: A call's receipt is waited for this much past its expiry: a worker that takes the call just
+#: before it expires has this long to get its receipt through. Past it the call was dropped.
+RECEIPT_GRACE: Final = 5.0
+
+
+class RedisInbox:
+    """Worker inboxes as Redis lists on the channels-redis layer's (first) server.
+
+    The layer spends about ten Redis commands on a message, in sequential round trips (a send:
+    trim expired, count, add, expire; a receive: restore the backup queue, pop, back up,
+    clean), which made the cross-worker hop cost milliseconds on a busy machine. Here a send is
+    one script call (capacity check, push, expiry) and a receive one blocking pop of up to
+    RECEIVE_BATCH messages, each on a connection of its own (acp_channels._redis_wire: sends
+    pipeline on one socket, in order). The layer's serializer is used, so its settings
+    (encryption keys) apply; its capacity setting for the channel too (a full inbox raises
+    ChannelFull).
+    """
+
+    SEND = """
+        local length = redis.call('LLEN', KEYS[1])
+        if length >= tonumber(ARGV[2]) then return -1 end
+        redis.call('RPUSH', KEYS[1], ARGV[1])
+        redis.call('PEXPIRE', KEYS[1], ARGV[3])
+        return length + 1
+    """
+    RECEIVE_BATCH: Final = 64
+    #: The longest a receive blocks in Redis; well under the connection's read timeout (at most
+    #: a third of it), or a message Redis pops as the read times out is lost with the connection.
+    BLOCK_SECONDS: Final = 5.0
+
+    def __init__(self, layer: Any, sender: RedisWire, receiver: RedisWire) -> None:
+        self._layer = layer
+        self._prefix = str(getattr(layer, "prefix", "asgi"))
+        self._expiry_ms = int(float(getattr(layer, "expiry", 60)) * 1000)
+        self._sender = sender
+        # A blocking pop holds its connection: one of its own, never queued behind sends.
+        self._receiver = receiver
+        read_timeout = receiver.reply_timeout
+        self.block_seconds = self.BLOCK_SECONDS if not read_timeout else min(self.BLOCK_SECONDS, read_timeout / 3)
+        self._send_script = Script(self.SEND)
+
+    @classmethod
+    def for_layer(cls, layer: Any) -> RedisInbox | None:
+        """An inbox on the layer's Redis, or None for another kind of layer, or a host this
+        client cannot reach (Sentinel, a credential provider): the bus uses the layer then."""
+        hosts = getattr(layer, "hosts", None)
+        if not hosts or not hasattr(layer, "serialize") or not hasattr(layer, "deserialize"):
+            return None
+        if "master_name" in hosts[0]:
+            return None
+        pool = inbox_pool(layer)
+        sender, receiver = RedisWire.for_pool(pool), RedisWire.for_pool(pool)
+        if sender is None or receiver is None:
+            return None
+        return cls(layer, sender, receiver)
+
+    def _key(self, channel: str) -> str:
+        return f"{self._prefix}{channel}.inbox"
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        capacity = self._layer.get_capacity(channel)
+        length = await self._send_script(
+            self._sender, [self._key(channel)], [self._layer.serialize(message), capacity, self._expiry_ms]
+        )
+        if int(length) < 0:
+            raise ChannelFull()
+
+    async def receive(self, channel: str) -> list[dict[str, Any]]:
+        """The next messages (waits up to block_seconds; empty if none came)."""
+        popped = await self._receiver.execute(
+            "BLMPOP",
+            self.block_seconds,
+            1,
+            self._key(channel),
+            "LEFT",
+            "COUNT",
+            self.RECEIVE_BATCH,
+            timeout=self.block_seconds + (self._receiver.reply_timeout or self.block_seconds),
+        )
+        if not popped:
+            return []
+        return [self._layer.deserialize(item) for item in popped[1]]
+
+
+def inbox_pool(layer: Any) -> Any:
+    """redis-py's reading of the layer's first host entry (address, db, credentials, TLS, a
+    patient read timeout: acp_channels.layers); the inbox connects with its settings."""
+    from acp_channels.layers import DEFAULT_POOL_TIMEOUT, blocking_pool
+
+    return blocking_pool(layer.hosts[0], 2, getattr(layer, "pool_timeout", DEFAULT_POOL_TIMEOUT))
+
+
+class Bus:
+    """This process's end of the channel layer: its inbox, calls to other workers, and the
+    handlers that serve calls made to it. Messages are built and read by
+    `acp_channels._worker_protocol` only."""
+
+    def __init__(self) -> None:
+        self._layer: Any = None
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
+        self._receipts: dict[str, asyncio.Future[None]] = {}
+        self._ids = itertools.count()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._handlers: dict[type[Op], OpHandler] = {}
+        self._push_receivers: dict[str, PushReceiver] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._inbox: RedisInbox | None = None
+        self.heartbeat = Heartbeat()
+        #: False in a process that hosts no connection (a management command): it calls the
+        #: workers and reads their replies, but has no heartbeat, so no worker counts it as one.
+        self.hosts_connections = True
+
+    @property
+    def layer(self) -> Any:
+        if self._layer is None:
+            self._layer = get_channel_layer()
+            self._inbox = RedisInbox.for_layer(self._layer)
+        return self._layer
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes can reach us: a channel layer that is not in-memory."""
+        return self.layer is not None and not isinstance(self.layer, InMemoryChannelLayer)
+
+    def handle(self, op: type[OpT], handler: Callable[[OpT], Awaitable[Reply | None]]) -> None:
+        self._handlers[op] = handler
+
+    def ensure_listening(self) -> None:
+        """Start reading our inbox and beating our heart (once per process and event loop)."""
+        if not self.shared:
+            return
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._listen(), name="acp-worker-inbox")
+            self.heartbeat.start(self.layer, WORKER_ID, beat=self.hosts_connections)
+
+    # -- calling other workers ---------------------------------------------------------------
+
+    @measured_call(refused=ErrorReply, unreachable=HostUnreachable, busy=AgentBusy, layer=LayerUnavailable)
+    async def call(self, worker_id: str, op: Op, *, timeout: float, receipt: bool = False) -> Reply:
+        """Send an operation to a worker and wait for its reply: one the op may get
+        (`op.replies`); any other (Internal, UnknownOp, Malformed) raises WorkerFailed.
+
+        With `receipt`, the worker must take the op within SLOW_WORKER_PATIENCE (it expires
+        then) and answers at once (its result, or a receipt when the result is not ready:
+        RECEIPT_AFTER); the result may then take `timeout`, or longer while the worker lives
+        (up to SLOW_WORKER_PATIENCE). Without one, the op expires and the caller gives up after
+        `timeout`. A late worker is waited for while its heartbeat says it is alive
+        (liveness.reply_or_gone). Raises HostUnreachable (its heartbeat is gone), WorkerBusy
+        (alive, but it did not take or answer the op in time), AgentBusy (it took the op, the
+        result did not come) or LayerUnavailable.
+        """
+        self.ensure_listening()
+        request_id = f"{WORKER_ID}-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[Reply] = loop.create_future()
+        self._pending[request_id] = result
+        received: asyncio.Future[None] | None = None
+        if receipt:
+            received = self._receipts[request_id] = loop.create_future()
+        take_within = SLOW_WORKER_PATIENCE if receipt else timeout
+        message = encode_op(
+            op, request_id, inbox_channel(WORKER_ID), receipt=receipt, expires=time.time() + take_within
+        )
+        try:
+            await self.send(inbox_channel(worker_id), message)
+            try:
+                if received is None:
+                    try:
+                        reply = await reply_or_gone(
+                            result, worker_id, self.heartbeat, expected=timeout, patience=timeout
+                        )
+                    except TimeoutError:
+                        raise WorkerBusy(f"worker {worker_id} is alive but did not answer {op.name} in time") from None
+                else:
+                    try:
+                        await reply_or_gone(
+                            received,
+                            worker_id,
+                            self.heartbeat,
+                            expected=worker_timeout(),
+                            patience=SLOW_WORKER_PATIENCE + RECEIPT_GRACE,  # by then taken or dropped
+                        )
+                    except TimeoutError:
+                        raise WorkerBusy(f"worker {worker_id} is alive but did not take {op.name} in time") from None
+                    try:
+                        # Taken: a live worker's result is waited for, however slow it is today.
+                        patience = max(timeout, SLOW_WORKER_PATIENCE)
+                        reply = await reply_or_gone(
+                            result, worker_id, self.heartbeat, expected=timeout, patience=patience
+                        )
+                    except TimeoutError:
+                        raise AgentBusy(f"{op.name} was not done within {patience:g} s") from None
+            except WorkerGone:
+                raise HostUnreachable(f"worker {worker_id} is gone") from None
+        finally:
+            self._pending.pop(request_id, None)
+            self._receipts.pop(request_id, None)
+        return expect(op, reply)
+
+    async def push(self, worker_id: str, push: Pushed | PushEnded) -> None:
+        """A batch (or the end) for a reader on another worker: a direct send, in order."""
+        await self.send(inbox_channel(worker_id), encode_push(push))
+
+    def receive_pushes(self, lease: str, receiver: PushReceiver | None) -> None:
+        """Route the pushes for `lease` to `receiver` (None: stop)."""
+        if receiver is None:
+            self._push_receivers.pop(lease, None)
+        else:
+            self._push_receivers[lease] = receiver
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        """A direct send; a full channel is retried (backpressure), a broken layer is 503."""
+        deadline = time.monotonic() + SEND_RETRY_SECONDS
+        delay = 0.005
+        while True:
+            try:
+                layer, inbox = self.layer, self._inbox  # the layer first: it makes the inbox
+                if inbox is not None:
+                    # Cancellation-safe: a cancelled caller leaves the pipelined replies aligned.
+                    await inbox.send(channel, message)
+                else:
+                    # Shielded: redis-py can swallow a cancellation that arrives mid-command, and
+                    # a cancelled caller (a client that left) must stop at once. The send
+                    # finishes on its own; its message is harmless to a caller that is gone.
+                    await asyncio.shield(layer.send(channel, message))
+                return
+            except ChannelFull:
+                if time.monotonic() > deadline:
+                    raise LayerUnavailable(f"channel {channel} stayed full") from None
+                await asyncio.sleep(delay)  # backoff: a full channel sends no event to await
+                delay = min(delay * 2, 0.2)
+            except (OSError, ConnectionError) as error:
+                raise LayerUnavailable(str(error)) from error
+            except Exception as error:
+                if isinstance(error, RedisReplyError) or type(error).__module__.startswith("redis"):
+                    raise LayerUnavailable(str(error)) from error
+                raise
+
+    def post(self, worker_id: str, op: Op) -> None:
+        """Fire and forget (releases: ops that get no reply): failures are logged, never raised."""
+        message = encode_op(op, f"{WORKER_ID}-{next(self._ids)}", inbox_channel(WORKER_ID))
+
+        async def deliver() -> None:
+            try:
+                await self.send(inbox_channel(worker_id), message)
+            except Exception as error:
+                logger.warning("could not deliver %s to worker %s: %s", op.name, worker_id, error)
+
+        self._spawn(deliver())
+
+    # -- serving calls -----------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        channel = inbox_channel(WORKER_ID)
+        failures = 0
+        layer = self.layer
+        while True:
+            try:
+                if self._inbox is not None:
+                    messages = await self._inbox.receive(channel)
+                else:
+                    messages = [await layer.receive(channel)]
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                failures += 1
+                if failures == 1:
+                    logger.warning("channel layer receive failed (%s); retrying", error)
+                await asyncio.sleep(min(0.1 * failures, 2.0))  # the layer is down: back off, retry
+                continue
+            for message in messages:
+                try:
+                    self._dispatch(message)
+                except Exception:  # a message we cannot read must not stop the inbox
+                    logger.exception("could not dispatch a message from the channel layer")
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        request_id = message.get("id")
+        if kind == "acp.op":
+            if expired(message, time.time()):
+                # Its caller answered 503 (WorkerBusy) already and the client may try again:
+                # serving it now could do it twice.
+                logger.warning(
+                    "dropped %s from %s: it expired before this worker took it",
+                    message.get("op"),
+                    message.get("reply_to"),
+                )
+                return
+            self._spawn(self._serve(message))
+        elif kind == "acp.push":
+            self._deliver_push(message)
+        elif kind in ("acp.receipt", "acp.result") and isinstance(request_id, str):
+            receipt = self._receipts.get(request_id)
+            if receipt is not None and not receipt.done():
+                receipt.set_result(None)  # a result is a receipt too
+            future = self._pending.get(request_id)
+            if kind == "acp.result" and future is not None and not future.done():
+                future.set_result(decode_reply(message))
+        else:
+            logger.warning("ignored a message of type %r on the worker inbox", kind)
+
+    def _deliver_push(self, message: dict[str, Any]) -> None:
+        try:
+            push = decode_push(message)
+        except MalformedMessage as error:
+            logger.warning("ignored a malformed push: %s", error)
+            return
+        receiver = self._push_receivers.get(push.lease)
+        if receiver is not None:
+            receiver(push)
+
+    async def _serve(self, message: dict[str, Any]) -> None:
+        reply_to, request_id = message.get("reply_to"), message.get("id")
+        if not isinstance(reply_to, str) or not isinstance(request_id, str):
+            logger.warning("ignored an op that names no reply channel: %.200r", message)
+            return
+        op = decode_op(message)
+        if isinstance(op, ErrorReply):
+            logger.warning("could not serve an op: %s", describe(op))
+            await self._reply(reply_to, encode_reply(request_id, op))
+            return
+        receipt: asyncio.TimerHandle | None = None
+        if message.get("receipt") is True:
+            # The result alone when it is ready at once; a receipt first when it is not, so the
+            # caller tells a slow worker from a dead one. (A receipt that arrives after the
+            # result is ignored: the result counts as one.)
+            receipt = asyncio.get_running_loop().call_later(
+                RECEIPT_AFTER, lambda: self._spawn(self._reply(reply_to, encode_receipt(request_id)))
+            )
+        try:
+            reply = await self._run(op)
+        finally:
+            if receipt is not None:
+                receipt.cancel()
+        if reply is not None:
+            await self._reply(reply_to, encode_reply(request_id, reply))
+
+    async def _run(self, op: Op) -> Reply | None:
+        handler = self._handlers.get(type(op))
+        if handler is None:
+            return UnknownOp(op.name)
+        try:
+            reply = await handler(op)
+        except Exception:
+            logger.exception("serving %s failed", op.name)
+            return Internal()
+        if op.replies and not isinstance(reply, op.replies):
+            logger.error("the handler of %s answered %r, which the op cannot get", op.name, reply)
+            return Internal()
+        return reply
+
+    async def _reply(self, channel: str, message: dict[str, Any]) -> None:
+        try:
+            await self.send(channel, message)
+        except LayerUnavailable as error:
+            logger.warning("could not reply to %s: %s", channel, error)
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        self.heartbeat.stop()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+
+bus = Bus()

@@ -1,0 +1,301 @@
+"""`HttpClient`: one ACP client transport for both shapes of the ACP HTTP transport.
+
+    HttpClient("http://host:8000")        # POST + SSE on http://host:8000/acp
+    HttpClient("wss://host/agents/acp")   # one WebSocket on that URL
+    HttpClient(url, token=os.environ["ACP_TOKEN"])   # Authorization: Bearer <token> on everything
+
+It is an `acp` SDK transport (`send(dict)`, `receive() -> dict | None`, `close()`), so
+`acp.connect_to_agent(my_client, HttpClient(url))` talks to a remote agent, and it is an async
+context manager for sending and receiving raw JSON-RPC frames (`receive_frame()` keeps batches).
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
+from typing import Any, Final, Literal, TypeAlias
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from ._base import FrameValue, RawFrame
+from ._errors import ClientUsageError, TransportError
+from ._reconnect import DEFAULT_BACKOFF, ReconnectCallback, ReconnectPolicy
+from ._retry import DEFAULT_RETRY_AFTER, RetryAfter, RetryCallback
+from ._transport_http import HttpTransport
+from ._transport_ws import WebSocketTransport
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "SUBPROTOCOL",
+    "TOKEN_SUBPROTOCOL_PREFIX",
+    "HttpClient",
+    "check_token",
+    "resolve_endpoint",
+    "shown_url",
+]
+
+DEFAULT_TIMEOUT = 30.0
+_SCHEMES: dict[str, Literal["http", "ws"]] = {"http": "http", "https": "http", "ws": "ws", "wss": "ws"}
+
+#: The WebSocket subprotocol a server accepts; a browser offers the token as a second one.
+SUBPROTOCOL: Final = "acp"
+TOKEN_SUBPROTOCOL_PREFIX: Final = "acp.bearer."
+#: RFC 6455 subprotocol names are RFC 2616 tokens: visible ASCII except these separators.
+_SEPARATORS: Final = frozenset('()<>@,;:\\"/[]?={}')
+WebSocketToken: TypeAlias = Literal["header", "subprotocol"]
+
+
+def check_token(token: str, *, subprotocol: bool = False) -> None:
+    """Refuse a token that cannot travel intact: empty, or with a space, a control character or
+    a non-ASCII one (it goes in a header); as a WebSocket subprotocol also any RFC 6455
+    separator. The message gives the position, never the token."""
+    if not isinstance(token, str) or not token:
+        raise ClientUsageError("the token is empty")
+    for position, char in enumerate(token, 1):
+        if not "\x21" <= char <= "\x7e":
+            raise ClientUsageError(
+                f"the token has a space, a control or a non-ASCII character (character {position}); "
+                "a token is printable ASCII without spaces"
+            )
+        if subprotocol and char in _SEPARATORS:
+            raise ClientUsageError(
+                f"the token cannot travel as a WebSocket subprotocol: character {position} is one of "
+                "()<>@,;:\\\"/[]?={} (RFC 6455 allows letters, digits and !#$%&'*+-.^_`|~; base64url fits)"
+            )
+
+
+def shown_url(url: str) -> str:
+    """`url` without a user:password part, for logs and reprs."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def resolve_endpoint(url: str, *, exact: bool = False) -> tuple[str, Literal["http", "ws"]]:
+    """The endpoint URL and the transport its scheme selects. `/acp` is appended to the path
+    unless it already ends with it (exact=True keeps the URL as given, query included)."""
+    parts = urlsplit(url)
+    kind = _SCHEMES.get(parts.scheme.lower())
+    if kind is None or not parts.netloc:
+        raise ClientUsageError(f"not an http(s):// or ws(s):// URL: {url!r}")
+    if exact:
+        return url, kind
+    path = parts.path.rstrip("/")
+    if not path.endswith("/acp"):
+        path += "/acp"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, "")), kind
+
+
+class HttpClient:
+    """An ACP client transport over HTTP+SSE (http/https URLs) or WebSocket (ws/wss URLs).
+
+    Args:
+        url: the server; `/acp` is appended unless the path already ends with it.
+        token: a bearer token, sent as `Authorization: Bearer <token>` on every request (POST,
+            the GET streams, DELETE) and on the WebSocket upgrade. It never appears in the
+            client's repr or in an error message.
+        websocket_token: "header" (default) or "subprotocol": send the token on the WebSocket
+            upgrade as a browser must, offering subprotocols `acp` and `acp.bearer.<token>`
+            (the token must then consist of RFC 6455 token characters, e.g. base64url).
+        headers: sent on every request and on the WebSocket upgrade (an Authorization header
+            here instead of `token` works too; not both).
+        timeout: seconds for each POST/DELETE answer, for a stream's response headers, and for
+            the WebSocket handshake; None waits forever. A timeout is fatal.
+        stream_idle_timeout: HTTP only; an SSE stream silent this long counts as dropped
+            (servers send keep-alives every 15 s). None (default) never gives up.
+        cookies: initial cookies; cookies the server sets are kept for the connection.
+        http_client: an `httpx.AsyncClient` to use (HTTP only; not closed by us).
+        reconnect: how to retry a dropped SSE stream or WebSocket (docs/resumable-streams.md):
+            a `ReconnectPolicy`, by default `Backoff()` (at once, then 0.1 s doubling to 5 s,
+            fatal 30 s after the drop); None: every drop is fatal, as in the reference client.
+            A stream or socket is only reconnected when that loses nothing and repeats nothing:
+            SSE when the stream carried event ids or the server advertised resuming; WebSocket
+            when the server advertised it and named the connection in the 101.
+        restart: when the server has forgotten the connection (404 on resume), start a new one:
+            initialize with the same params and `session/load` every open session (the agent
+            must advertise `loadSession`). Messages the agent sent after the drop are lost and
+            requests left unanswered get an error reply; `on_reconnect` is told. Off by default.
+        on_reconnect: called with a `ReconnectEvent` when a stream or the socket drops and is
+            retried ("reconnecting"), is back ("resumed"), was replaced ("restarted"), or the
+            client gives up ("gave-up"). `reconnecting` says whether one is under way.
+        max_message_size: the largest message accepted (SSE event or WebSocket message).
+        exact_url: use `url` as is, without appending `/acp`.
+        retry_after: HTTP only; a 503 or 429 answer with `Retry-After` (the server did nothing:
+            it is full, draining, or its worker is too busy) to `initialize`, a POST or a stream
+            GET is sent again after that delay: a `RetryAfter` policy, by default `RetryAfter()`
+            (delays capped at 10 s, given up 60 s after the first refusal); None: such an answer
+            is fatal at once, like any other error status.
+        on_retry: HTTP only; called with a `RetryEvent` before each such retry (each is also
+            logged at INFO on the `acp_channels.client` logger).
+        http2: HTTP only; offer HTTP/2 on https:// URLs (through TLS ALPN: the server picks, and
+            one that does not speak it is spoken to over HTTP/1.1). All of the connection's
+            POSTs and streams then share one TCP connection. None (default): offered when the
+            `h2` package is installed (`pip install 'acp-channels[http2]'`). http:// URLs always
+            use HTTP/1.1 (docs/http2.md).
+        verify: how an https:// or wss:// server's certificate is checked: True (default) the
+            usual CAs (httpx's bundle; the system's for wss://), a CA file path (a self-signed
+            development certificate), an `ssl.SSLContext`, or False (no check: tests only).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        websocket_token: WebSocketToken = "header",
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        stream_idle_timeout: float | None = None,
+        cookies: httpx.Cookies | dict[str, str] | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        reconnect: ReconnectPolicy | None = DEFAULT_BACKOFF,
+        restart: bool = False,
+        on_reconnect: ReconnectCallback | None = None,
+        max_message_size: int = 64 * 1024 * 1024,
+        exact_url: bool = False,
+        retry_after: RetryAfter | None = DEFAULT_RETRY_AFTER,
+        on_retry: RetryCallback | None = None,
+        http2: bool | None = None,
+        verify: ssl.SSLContext | str | bool = True,
+    ) -> None:
+        self.url, self.kind = resolve_endpoint(url, exact=exact_url)
+        headers = dict(headers or {})
+        subprotocols: list[str] = []
+        if websocket_token not in ("header", "subprotocol"):
+            raise ClientUsageError('websocket_token is "header" or "subprotocol"')
+        if websocket_token == "subprotocol" and (self.kind != "ws" or token is None):
+            raise ClientUsageError('websocket_token="subprotocol" needs a token and a ws(s):// URL')
+        if token is not None:
+            check_token(token, subprotocol=websocket_token == "subprotocol")
+            if any(name.lower() == "authorization" for name in headers):
+                raise ClientUsageError("give a token or an Authorization header, not both")
+            if websocket_token == "subprotocol":
+                subprotocols = [SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREFIX + token]
+            else:
+                headers["Authorization"] = f"Bearer {token}"
+        secrets = (token,) if token is not None else ()
+        self._transport: HttpTransport | WebSocketTransport
+        if self.kind == "http":
+            self._transport = HttpTransport(
+                self.url,
+                headers=headers,
+                secrets=secrets,
+                timeout=timeout,
+                stream_idle_timeout=stream_idle_timeout,
+                http_client=http_client,
+                cookies=cookies,
+                reconnect=reconnect,
+                restart=restart,
+                on_reconnect=on_reconnect,
+                max_message_size=max_message_size,
+                retry_after=retry_after,
+                on_retry=on_retry,
+                http2=http2,
+                verify=verify,
+            )
+        else:
+            if http_client is not None or stream_idle_timeout is not None or http2 is not None:
+                raise ClientUsageError("http_client, stream_idle_timeout and http2 are for http(s):// URLs")
+            self._transport = WebSocketTransport(
+                self.url,
+                headers=headers,
+                timeout=timeout,
+                cookies=cookies,
+                max_message_size=max_message_size,
+                subprotocols=subprotocols,
+                secrets=secrets,
+                reconnect=reconnect,
+                restart=restart,
+                on_reconnect=on_reconnect,
+                verify=verify,
+            )
+
+    def __repr__(self) -> str:
+        # Headers and token are never shown.
+        return f"HttpClient({shown_url(self.url)!r}, kind={self.kind!r}, connection_id={self.connection_id!r})"
+
+    @property
+    def transport(self) -> HttpTransport | WebSocketTransport:
+        """The transport doing the work (HttpTransport or WebSocketTransport)."""
+        return self._transport
+
+    @property
+    def connection_id(self) -> str | None:
+        """`Acp-Connection-Id` of the connection (WebSocket: from the 101, when the server sent it)."""
+        return self._transport.connection_id
+
+    @property
+    def http_version(self) -> str | None:
+        """HTTP only: the version the server last answered with ("HTTP/2" or "HTTP/1.1"; None
+        before the first answer, and over WebSocket)."""
+        return self._transport.http_version if isinstance(self._transport, HttpTransport) else None
+
+    @property
+    def error(self) -> TransportError | None:
+        """The error that ended the transport, if one did."""
+        return self._transport.error
+
+    @property
+    def closed(self) -> bool:
+        """True once closed or failed."""
+        return self._transport.closed
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self._transport.cookies
+
+    @property
+    def reconnecting(self) -> bool:
+        """A dropped stream or socket is being reconnected right now (see `on_reconnect`)."""
+        return self._transport.reconnecting
+
+    async def wait_failed(self) -> TransportError:
+        """Wait until the transport fails (never returns after a clean close); returns the error."""
+        return await self._transport.wait_failed()
+
+    async def connect(self) -> None:
+        """Open the WebSocket now (HTTP: nothing to do). The first send does it otherwise."""
+        await self._transport.connect()
+
+    async def send(self, message: FrameValue, *, raw: str | None = None) -> None:
+        """Send one frame: a JSON-RPC message (dict) or a batch (list).
+
+        `raw`: the frame's exact JSON text, sent instead of serializing `message` (a relay keeps
+        bytes unchanged this way); `message` must be what `raw` parses to, as routing reads it.
+
+        HTTP: returns once the server accepted the POST (2xx). Raises `ClientUsageError` for a
+        frame the transport refuses (nothing sent) and a `TransportError` when it failed."""
+        await self._transport.send(message, raw=raw)
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next message received (a batch is handed out entry by entry), or None once the
+        transport was closed. Raises the `TransportError` that ended the transport."""
+        return await self._transport.receive()
+
+    async def receive_frame(self) -> FrameValue | None:
+        """Like `receive`, but a batch comes as the list it arrived as."""
+        return await self._transport.receive_frame()
+
+    async def receive_raw(self) -> RawFrame | None:
+        """Like `receive_frame`, with the frame's text as it arrived (`RawFrame.text`; for a
+        malformed frame, the JSON of the error object it became)."""
+        return await self._transport.receive_raw()
+
+    async def close(self) -> None:
+        """Finish sends under way, then DELETE the connection (HTTP) or close the socket (WS)."""
+        await self._transport.close()
+
+    async def __aenter__(self) -> HttpClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def __aiter__(self) -> AsyncIterator[FrameValue]:
+        """Frames as they arrive, until the transport is closed (a failure is raised)."""
+        while (frame := await self.receive_frame()) is not None:
+            yield frame

@@ -1,0 +1,158 @@
+"""Requests to the endpoint and their answers, for the HTTP transport: an exchange read whole
+(a busy server's Retry-After honoured, the caller told), a POST with the connection's headers,
+the DELETE that ends a connection, and the error for an unexpected status."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Final
+
+import httpx
+
+from acp_channels import _protocol as protocol
+from acp_channels._protocol import CONNECTION_HEADER
+
+from ._base import FrameValue
+from ._errors import HttpStatusError, NetworkError, TransportTimeoutError
+from ._reconnect import ReconnectingTransport
+from ._retry import RetryAfter, RetryCallback, RetryEvent, retry_after_seconds
+
+__all__ = ["JSON", "HttpRequests", "is_2xx", "post_body"]
+
+logger = logging.getLogger("acp_channels.client")
+
+JSON: Final = "application/json"
+_ERROR_BODY_LIMIT: Final = 2000
+
+
+def is_2xx(response: httpx.Response) -> bool:
+    return 200 <= response.status_code < 300
+
+
+def post_body(value: FrameValue, raw: str | None) -> bytes:
+    """The POST body: the caller's exact text when it gave one (a relay), else `value` as JSON."""
+    return (raw if raw is not None else protocol.dumps(value)).encode()
+
+
+class HttpRequests(ReconnectingTransport):
+    """The HTTP transport's requests (HttpTransport sets the attributes below). A 404 to a POST
+    may mean the server forgot the connection: `_connection_gone` decides."""
+
+    http: httpx.AsyncClient
+    _retry_after: RetryAfter | None
+    _on_retry: RetryCallback | None
+    #: DELETEs sent (a connection is deleted once).
+    deletes_sent: int
+    #: The HTTP version of the last answer from the server ("HTTP/2", "HTTP/1.1"; None before).
+    http_version: str | None
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self.http.cookies
+
+    def _post_headers(self) -> dict[str, str]:
+        headers = {**self._headers, "Content-Type": JSON, "Accept": JSON}
+        if self.connection_id is not None:
+            headers["Acp-Connection-Id"] = self.connection_id
+        return headers
+
+    async def _post(self, value: FrameValue, headers: dict[str, str], what: str, raw: str | None) -> httpx.Response:
+        response = await self._exchange("POST", what, headers, post_body(value, raw))
+        logger.debug("%s: HTTP %d", what, response.status_code)
+        if not is_2xx(response):
+            error = self._response_error(what, response, response.text)
+            gone = response.status_code == 404 and self._restart
+            if gone and self._connection_gone(error, headers.get("Acp-Connection-Id")):
+                return response  # a restart answers the request (an error: it was not delivered)
+            raise self._fail(error)
+        return response
+
+    async def _post_initialize(
+        self, message: FrameValue, raw: str | None, what: str
+    ) -> tuple[httpx.Response, str | None]:
+        """POST an `initialize` (no connection yet): its 2xx answer, and the connection id that
+        answer names (kept as `connection_id` even on an error status, so that it is deleted)."""
+        headers = {**self._headers, "Content-Type": JSON, "Accept": JSON}
+        response = await self._exchange("POST", what, headers, post_body(message, raw))
+        logger.debug("POST %s: HTTP %d", what, response.status_code)
+        connection_id = protocol.header_value(response.headers.get_list(CONNECTION_HEADER)) or None
+        if connection_id is not None:
+            self.connection_id = connection_id
+        if not is_2xx(response):
+            raise self._fail(self._response_error(what, response, response.text))
+        return response, connection_id
+
+    def _connection_gone(self, error: HttpStatusError, connection_id: str | None, what: str = "") -> bool:
+        """The server answered 404 for `connection_id`: start a restart when allowed (True),
+        else fail with a `ResumeRefusedError` saying why (False)."""
+        raise NotImplementedError
+
+    def _response_error(self, what: str, response: httpx.Response, body: str) -> HttpStatusError:
+        challenge = response.headers.get("www-authenticate")
+        return self._status_error(what, response.status_code, body[:_ERROR_BODY_LIMIT], challenge)
+
+    async def _exchange(
+        self, method: str, what: str, headers: dict[str, str], content: bytes | None = None
+    ) -> httpx.Response:
+        """One request/response, read whole; a timeout or network failure is fatal. A 503 or 429
+        with Retry-After is sent again after the delay while the retry policy allows."""
+        refused_at: float | None = None
+        attempt = 0
+        while True:
+            response = await self._exchange_once(method, what, headers, content)
+            delay, refused_at = self._busy_delay(what, response, response.text, attempt, refused_at)
+            if delay is None:
+                return response
+            attempt += 1
+            await self._wait_retry(delay)
+
+    async def _exchange_once(
+        self, method: str, what: str, headers: dict[str, str], content: bytes | None
+    ) -> httpx.Response:
+        request = self.http.request(method, self.endpoint, headers=headers, content=content, timeout=self._timeout)
+        try:
+            response = await self._unless_failed(request)
+        except httpx.TimeoutException as exc:
+            raise self._fail(TransportTimeoutError(f"{what}: no answer within {self._timeout:g}s")) from exc
+        except httpx.HTTPError as exc:
+            raise self._fail(NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}"))) from exc
+        self.http_version = response.http_version
+        return response
+
+    def _busy_delay(
+        self, what: str, response: httpx.Response, body: str, attempt: int, refused_at: float | None
+    ) -> tuple[float | None, float | None]:
+        """(seconds before sending the request again, or None; when the first refusal came):
+        a 503/429 with Retry-After within the retry policy's deadline. Tells the caller."""
+        retry_after = retry_after_seconds(response.status_code, response.headers)
+        if self._retry_after is None or retry_after is None:
+            return None, refused_at
+        now = asyncio.get_running_loop().time()
+        refused_at = now if refused_at is None else refused_at
+        delay = self._retry_after.delay(retry_after, now - refused_at)
+        if delay is None:
+            logger.warning("%s: HTTP %d for %.1fs; giving up", what, response.status_code, now - refused_at)
+            return None, refused_at
+        event = RetryEvent(what, response.status_code, delay, attempt + 1, now - refused_at, self.redact(body[:200]))
+        logger.info("%s", event)
+        if self._on_retry is not None:
+            try:
+                self._on_retry(event)
+            except Exception:
+                logger.exception("the on_retry callback failed")
+        return delay, refused_at
+
+    async def _wait_retry(self, delay: float) -> None:
+        """The server's Retry-After delay; a close or a failure meanwhile ends the wait."""
+        await self._unless_failed(asyncio.sleep(delay), self._closing)
+
+    async def _delete(self, connection_id: str) -> None:
+        headers = {**self._headers, "Acp-Connection-Id": connection_id}
+        self.deletes_sent += 1
+        try:
+            response = await self.http.request("DELETE", self.endpoint, headers=headers, timeout=self._timeout)
+        except httpx.HTTPError as exc:
+            logger.info("DELETE of connection %s failed: %s", connection_id, exc)
+        else:
+            logger.debug("DELETE of connection %s: HTTP %d", connection_id, response.status_code)
