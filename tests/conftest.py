@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -15,9 +14,8 @@ from tests.cluster import Cluster, RedisServer
 from tests.dist import Built, Installed, cached_build, cached_readme_install
 from tests.live import ROOT, DaphneServer
 from tests.peers.fakes import FakeAcp
+from tests.scheduling import LIVE_NAMES, SHAPES, ServerGroupScheduling
 
-#: A module that names one of these starts real server processes: its tests are `live`.
-LIVE_NAMES = ("DaphneServer", "UvicornServer", "HypercornServer", "Cluster(", "start_server(")
 #: Modules out of the quick tier as a whole: floods, fuzzing, builds, other processes' SDKs and
 #: agents, HTTP/2 stacks, network cuts, servers of their own per test or per setting, log
 #: counts (each costs tens of seconds of a run). The quick tier keeps the unit tests, the wire
@@ -31,16 +29,11 @@ SLOW_MODULES = frozenset({
     "test_caps_live", "test_batch_live", "test_edge_limits_live", "test_origin_live", "test_auth_live",
     "test_client_servers",
 })  # fmt: skip
-#: A module with fixtures of this scope keeps its servers for several tests.
-MODULE_SERVERS = re.compile(r"""scope=["'](module|class)["']""")
 #: Fixtures that are real servers.
 LIVE_FIXTURES = frozenset({"demo_server", "wire_server", "claude_server", "caps_server", "redis_server"})
 
 CLAUDE_CODE_ACP = ROOT / "tests" / "agents" / "node_modules" / "@zed-industries" / "claude-code-acp"
 WIRE_ENV = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5"}
-#: Every live test runs against one daphne process, and again through three daphne workers
-#: sharing Redis behind a round-robin balancer (no sticky sessions).
-SHAPES = ["one-worker", "three-workers"]
 
 
 def _module_source(item: pytest.Item, cache: dict[str, str]) -> str:
@@ -56,13 +49,7 @@ _sources: dict[str, str] = {}
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Marks each test `live` (a real server process), `cluster` (several workers on Redis;
     also `slow`) and `slow` for browsers and SLOW_MODULES (a test may say `slow` itself), as it
-    is collected: before `-m` selects and pytest-xdist reads its groups.
-
-    The live tests of a module with servers of its own (module- or class-scoped fixtures) are
-    grouped per server shape (`xdist_group`), for `--dist loadgroup` (./dev.sh) to send each
-    group to one xdist worker, so that its servers start once, not once per xdist worker. Not
-    in effect yet: pytest-xdist 3.8 names the groups in an attribute pytest 9 no longer reads,
-    so they spread like any test (docs/testing.md says what it costs)."""
+    is collected: before `-m` selects."""
     source = _module_source(item, _sources)
     params = getattr(getattr(item, "callspec", None), "params", {})
     is_cluster = "three-workers" in params.values() or "Cluster(" in source
@@ -73,9 +60,15 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.cluster)
     if is_cluster or item.get_closest_marker("browser") or item.path.stem in SLOW_MODULES:
         item.add_marker(pytest.mark.slow)
-    if live and MODULE_SERVERS.search(source):
-        shapes = [value for value in params.values() if value in SHAPES]
-        item.add_marker(pytest.mark.xdist_group("-".join([item.path.stem, *shapes])))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown under `-p no:xdist`
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> ServerGroupScheduling | None:
+    """`--dist loadgroup`: the live tests sharing a module's servers on one xdist worker per
+    server shape (tests/scheduling.py); other `--dist` modes are xdist's own."""
+    if config.getvalue("dist") == "loadgroup":
+        return ServerGroupScheduling(config, log)
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)

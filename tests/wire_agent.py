@@ -23,6 +23,8 @@ Requests it understands (everything else is echoed: result {"method": m, "params
   (the agent itself holds next to nothing: whatever grows is the server's).
 - test/flood_stats: result {"taken": how many `test/flooded` frames the hosts of this process
   have taken from their agents so far} (a module-level count, readable from any connection).
+- test/threads_started: result {"started": how many Python threads this process has started
+  since this module was imported} (any connection).
 A batch gets one grouped reply array of echoes (malformed call entries get -32600 slots);
 notification-only batches get nothing; malformed frames get the SDK-style -32700/-32600.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
@@ -43,6 +46,22 @@ from acp_channels._agents import AgentClosed
 flood_frames_taken = 0
 #: A flooding agent emits its next frame only while fewer than this many wait to be taken.
 FLOOD_QUEUED_FRAMES = 4
+
+#: Python threads started in this process since import (test/threads_started): counted in the
+#: process itself, as other processes (a parallel test run) start threads of their own.
+threads_started = 0
+_threads_started_lock = threading.Lock()
+_start_thread = threading.Thread.start
+
+
+def _counted_start(thread: threading.Thread) -> None:
+    global threads_started
+    with _threads_started_lock:
+        threads_started += 1
+    _start_thread(thread)
+
+
+threading.Thread.start = _counted_start  # type: ignore[method-assign]
 
 
 class WireAgent:
@@ -134,6 +153,8 @@ class WireAgent:
             self._flood = asyncio.get_running_loop().create_task(self._run_flood(count, size))
         elif method == "test/flood_stats":
             self._reply(message, {"taken": flood_frames_taken})
+        elif method == "test/threads_started":
+            self._reply(message, {"started": threads_started})
         elif method == "test/exit":
             self._reply(message, {"ok": True})
             if isinstance(params.get("final"), dict):
