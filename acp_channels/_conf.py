@@ -1,7 +1,7 @@
 """Our settings: the `ACP_CHANNELS` dict in Django settings, shadowed here with defaults.
 
 Each key is declared once, on `AcpSettings`, with its default, the type mypy sees
-(`acp_settings.MAX_BODY_BYTES` is an `int`) and, for numbers and flags, the rule `checks.py`
+(`acp_settings.MAX_BODY_BYTES` is an `int`) and, for numbers and flags, the rule `_checks.py`
 applies with its system check id. Read through `acp_settings` at use time (not import time) so
 `override_settings` works in tests; a value is remembered until `setting_changed` says
 `ACP_CHANNELS` changed.
@@ -46,7 +46,7 @@ class Setting(Generic[T]):
         return value
 
     def problem(self, value: Any) -> str | None:
-        """Why `value` is not allowed (for the system check), or None. Checked in checks.py
+        """Why `value` is not allowed (for the system check), or None. Checked in _checks.py
         when there is no rule here."""
         return None
 

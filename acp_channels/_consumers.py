@@ -143,7 +143,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await super().dispatch(message)
 
     async def connect(self) -> None:
-        daphne_compat.install()  # for a router not built by build_asgi_application (patches.py, "When")
+        daphne_compat.install()  # for a router not built by build_asgi_application (_patches.py, "When")
         if cors.refusal(cors.websocket_request(self.scope)) is not None:
             await self.close()  # before accept: the server answers 403
             return

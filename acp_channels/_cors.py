@@ -35,12 +35,18 @@ disallowed_host_logger = logging.getLogger("django.security.DisallowedHost")
 disallowed_hosts = RateLimited(disallowed_host_logger)
 
 #: Response headers a browser client must be able to read.
-ACP_EXPOSE_HEADERS: Final = ("acp-connection-id", "acp-session-id")
+ACP_EXPOSE_HEADERS: Final[tuple[str, ...]] = ("acp-connection-id", "acp-session-id")
 #: Request headers a browser client sends; preflights must allow them.
-ACP_ALLOW_HEADERS: Final = ("accept", "content-type", "acp-connection-id", "acp-session-id", "last-event-id")
+ACP_ALLOW_HEADERS: Final[tuple[str, ...]] = (
+    "accept",
+    "content-type",
+    "acp-connection-id",
+    "acp-session-id",
+    "last-event-id",
+)
 #: Methods a cross-origin page uses on the endpoint (HEAD is safelisted): a site whose only CORS
 #: user is /acp sets `CORS_ALLOW_METHODS` to this, advertising nothing it does not serve.
-ACP_ALLOW_METHODS: Final = ("DELETE", "GET", "OPTIONS", "POST")
+ACP_ALLOW_METHODS: Final[tuple[str, ...]] = ("DELETE", "GET", "OPTIONS", "POST")
 #: The URL name of the endpoint in acp_channels.urls.
 ENDPOINT_URL_NAME: Final = "acp"
 

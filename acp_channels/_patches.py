@@ -77,7 +77,7 @@ Twisted or autobahn):
 - Django: `handler.AcpASGIHandler` subclasses `ASGIHandler`, overriding `__call__` and `handle`
   (Django 5.2's, step for step, with one disconnect watcher) and adding `close_response`; it
   reads the private `Signal._live_receivers()` and `HttpResponseBase._resource_closers`, and
-  gives asgiref's `ThreadSensitiveContext` an `executor` (Django's way without it). views.py
+  gives asgiref's `ThreadSensitiveContext` an `executor` (Django's way without it). _views.py
   appends a `LoopCloser` to a response's private `_resource_closers`.
 - channels: `consumers.AcpWebsocketConsumer.dispatch` overrides `AsyncConsumer.dispatch`,
   skipping channels' `close_old_connections` (a thread hop per frame) for `websocket.receive`.

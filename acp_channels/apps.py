@@ -21,7 +21,7 @@ class AcpChannelsConfig(AppConfig):
 
         try:
             from corsheaders.signals import check_request_enabled
-        except ImportError:  # checks.py reports it when CORS is configured
+        except ImportError:  # _checks.py reports it when CORS is configured
             return
         check_request_enabled.connect(enable_cors_for_acp, dispatch_uid="acp_channels._cors")
 

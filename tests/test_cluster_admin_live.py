@@ -224,7 +224,7 @@ async def test_a_live_worker_that_does_not_answer_is_named(cluster: Cluster, htt
     connection_id = await initialize(http, cluster.workers[0].url)
     silent = "deadbeef0000"
     prefix = cluster.workers[0].env["ACP_REDIS_PREFIX"]
-    # A heartbeat names the Redis connection that beats (liveness.py): this one stays open.
+    # A heartbeat names the Redis connection that beats (_liveness.py): this one stays open.
     key = f"{prefix}acp.alive.{silent}"
     beating = redis.Connection(host="127.0.0.1", port=cluster.redis.port)
     beating.send_command("CLIENT", "ID")

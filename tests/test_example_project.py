@@ -91,7 +91,7 @@ def load_example_agent() -> Any:
 
 
 async def test_the_example_agent_echoes_a_prompt_in_process() -> None:
-    """Hosted as acp_channels hosts an SDK agent (agents/sdk.py), on memory transports."""
+    """Hosted as acp_channels hosts an SDK agent (_agents/sdk.py), on memory transports."""
     agent_end, client_end = memory_transport_pair()
     agent = AgentSideConnection(load_example_agent()(), agent_end, listening=False, use_unstable_protocol=True)
     listening = asyncio.create_task(agent.listen())

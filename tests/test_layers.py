@@ -1,5 +1,5 @@
 """acp_channels.layers against a real Redis: the waiting pool, the one-round-trip send (same
-format, capacity and expiry as channels-redis), batched receives; and the rules of worker.py
+format, capacity and expiry as channels-redis), batched receives; and the rules of _worker.py
 that make a 503 safe to retry (an op that expired before its worker took it is dropped)."""
 
 from __future__ import annotations

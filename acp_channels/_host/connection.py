@@ -33,13 +33,7 @@ from acp_channels._host.resume import advertise_resume
 from acp_channels._host.socket import GracePeriod, SocketInbox, socket_frame_refusal
 from acp_channels._identity import ANONYMOUS, Principal, TransportKind
 from acp_channels._protocol import Frame, InboundPlan, StreamKey
-from acp_channels.errors import (
-    AgentEnded,
-    EndReason,
-    StreamBusy,
-    TooManyRequests,
-    TooManyStreams,
-)
+from acp_channels.errors import AgentEnded, EndReason, StreamBusy, TooManyRequests, TooManyStreams
 
 logger = logging.getLogger("acp_channels.host")
 
