@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from acp_channels._protocol import Message
-
 from acp_channels._host import ConnectionHost, registry
+from acp_channels._protocol import Message
 from tests.wire_agent import WireAgent
 
 

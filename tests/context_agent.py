@@ -17,9 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from acp_channels._protocol import Message
-
 from acp_channels._identity import AgentContext
+from acp_channels._protocol import Message
 from tests.wire_agent import WireAgent
 
 #: Every context a factory here was called with, in this process (for in-process tests).

@@ -21,7 +21,9 @@ SCRIPT = (
 
 def modules_after_setup(agent: str) -> set[str]:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "demo_project.settings", "ACP_AGENT": agent}
-    result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return set(result.stdout.split())
 

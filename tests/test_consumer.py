@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from acp_channels._protocol import Single
 from autobahn.exception import PayloadExceededError
 from channels.layers import InMemoryChannelLayer, channel_layers
 from channels.testing import WebsocketCommunicator
@@ -21,6 +20,7 @@ from channels.testing import WebsocketCommunicator
 from acp_channels._agents import AgentClosed
 from acp_channels._consumers import AcpWebsocketConsumer, Reattach, reattach_request
 from acp_channels._host import ConnectionHost, StreamBusy, registry
+from acp_channels._protocol import Single
 from acp_channels._routing import build_asgi_application
 from acp_channels.auth import RequestContext
 from tests.live import notification, rpc

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from acp_channels._protocol import Single
 
 from acp_channels import _protocol as protocol
 from acp_channels._host import (
@@ -26,6 +25,7 @@ from acp_channels._host import (
     WorkerBudget,
     registry,
 )
+from acp_channels._protocol import Single
 from acp_channels._worker import new_connection_id
 from tests.caps_agent import CapsAgent
 from tests.live import notification, rpc

@@ -14,6 +14,10 @@ from typing import Any, Literal
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from acp_channels import _protocol as protocol
 from acp_channels._protocol import (
     ARRAY_PARAMS,
     CONNECTION_STREAM,
@@ -45,10 +49,6 @@ from acp_channels._protocol import (
     serialize_frame,
     sse_event,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from acp_channels import _protocol as protocol
 from tests.loop_turns import LoopTurns
 
 _ABSENT: Any = object()

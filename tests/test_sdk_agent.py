@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from acp import RequestError
 from acp.schema import InitializeResponse
-from acp_channels._protocol import SLICE_ENTRIES, Batch, Frame, Single, parse_frame
 
 from acp_channels._agents import AgentClosed
 from acp_channels._agents.sdk import SdkAgentChannel
+from acp_channels._protocol import SLICE_ENTRIES, Batch, Frame, Single, parse_frame
 from demo_project.agent import AGENT_NAME, create_agent
 from tests.loop_turns import LoopTurns
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-from acp_channels._protocol import ascii_json, sse_event
 from hypothesis import given
 from hypothesis import strategies as st
+
+from acp_channels._protocol import ascii_json, sse_event
 
 
 def test_non_ascii_is_escaped_and_json_equal() -> None:

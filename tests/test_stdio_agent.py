@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from acp_channels._protocol import Batch, Frame, Malformed, Single
 
 from acp_channels import _protocol as protocol
 from acp_channels._agents import AgentClosed, create_agent_channel
@@ -31,6 +30,7 @@ from acp_channels._agents.stdio import (
 )
 from acp_channels._host import RESUME_META_KEY, ConnectionHost, resume_capabilities
 from acp_channels._identity import ANONYMOUS, AgentContext
+from acp_channels._protocol import Batch, Frame, Malformed, Single
 from tests.agent_processes import alive, reaped, supported, wait_gone
 from tests.live import ROOT, rpc
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import msgpack
 import pytest
-from acp_channels._protocol import InboundPlan, SessionHeaderError, Single
 
 from acp_channels import _gateway as gateway
 from acp_channels import _worker as worker
@@ -19,6 +18,7 @@ from acp_channels._agents import AgentClosed
 from acp_channels._host import Mailbox, OutboundBudget, ReplayUnavailable, StreamBusy, TooManyRequests, TooManyStreams
 from acp_channels._identity import Principal
 from acp_channels._inventory import ConnectionInfo
+from acp_channels._protocol import InboundPlan, SessionHeaderError, Single
 from acp_channels._worker import Bus, HostUnreachable, WorkerBusy
 from acp_channels._worker_protocol import (
     OPS,

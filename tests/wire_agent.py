@@ -37,10 +37,9 @@ import threading
 import time
 from typing import Any
 
-from acp_channels._protocol import Batch, Frame, Malformed, MalformedEntry, Message, Single
-
 from acp_channels import _protocol as protocol
 from acp_channels._agents import AgentClosed
+from acp_channels._protocol import Batch, Frame, Malformed, MalformedEntry, Message, Single
 
 #: `test/flooded` frames taken by hosts from wire agents in this process (see test/flood_stats).
 flood_frames_taken = 0
