@@ -367,7 +367,7 @@ def _install_graceful_sigterm() -> None:
         if lifecycle.draining:
             return
         try:
-            await lifecycle.drain(float(acp_settings.SHUTDOWN_GRACE_SECONDS))
+            await lifecycle.drain(acp_settings.SHUTDOWN_GRACE_SECONDS)
         finally:
             reactor.stop()
 

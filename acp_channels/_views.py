@@ -280,7 +280,7 @@ async def open_stream(request: HttpRequest, principal: Principal) -> HttpRespons
         lease.release()
         response: HttpResponseBase = HttpResponse(content_type="text/event-stream")
     else:
-        response = EventStreamResponse(sse_body(lease, float(acp_settings.KEEPALIVE_SECONDS)))
+        response = EventStreamResponse(sse_body(lease, acp_settings.KEEPALIVE_SECONDS))
         # If the body is never iterated (the client left at once), closing frees the stream (on
         # the loop: a lease is asyncio state, and a remote one sends its release from there).
         response._resource_closers.append(LoopCloser(lease.release))  # type: ignore[attr-defined]

@@ -150,13 +150,25 @@ def page(browser: Browser) -> Iterator[Page]:
     opened = context.new_page()
     errors: list[str] = []
     opened.on("pageerror", lambda error: errors.append(str(error)))
-    # Every state the page shows, in order (a MutationObserver: "reconnecting" may last a moment).
+    # Every state the page shows, in order (a MutationObserver: "reconnecting" may last a moment),
+    # and `__reached(state, ms)`: a promise settled when the page has shown it. Waited for through
+    # page.evaluate, not wait_for_function: that one evals its predicate in the page, which the
+    # demo's CSP (no 'unsafe-eval') refused once in a full run (an EvalError).
     opened.add_init_script(
         """
         window.__states = [];
+        const waiting = [];
+        window.__reached = (state, ms) => new Promise((resolve, reject) => {
+          if (window.__states.includes(state)) return resolve(true);
+          waiting.push({ state, resolve });
+          setTimeout(() => reject(new Error(`the page did not show ${state} in ${ms} ms`)), ms);
+        });
         new MutationObserver((changes) => {
           for (const change of changes) {
-            if (change.target.id === "state") window.__states.push(change.target.dataset.state);
+            if (change.target.id !== "state") continue;
+            const state = change.target.dataset.state;
+            window.__states.push(state);
+            for (const waiter of waiting) if (waiter.state === state) waiter.resolve(true);
           }
         }).observe(document, { subtree: true, attributes: true, attributeFilter: ["data-state"] });
         """
@@ -207,6 +219,10 @@ class Demo:
 
     def states(self) -> list[str]:
         return list(self.page.evaluate("window.__states"))
+
+    def wait_for_state(self, state: str) -> None:
+        """Until the page has shown `state`, if only for a moment."""
+        assert self.page.evaluate("([state, ms]) => window.__reached(state, ms)", [state, TIMEOUT_MS]) is True
 
 
 @pytest.fixture
@@ -521,7 +537,7 @@ def test_a_dropped_connection_resumes_and_shows_reconnecting(demo: Demo, server:
         # Over HTTP the connection stream and the session's; over WebSocket the socket.
         cutter.wait_for(lambda: len(proxy.live(streams)) == (2 if transport == "http" else 1))
         assert cutter.cut(streams) == (2 if transport == "http" else 1)
-        demo.page.wait_for_function("window.__states.includes('reconnecting')")
+        demo.wait_for_state("reconnecting")
         expect(demo.page.locator("#state")).to_have_attribute("data-state", "connected")
         shown = [state for state, _ in itertools.groupby(demo.states())]
         assert shown[-2:] == ["reconnecting", "connected"]
@@ -554,7 +570,7 @@ def test_a_prompt_lost_with_the_socket_is_sent_again_and_answered_once(
         cut = cutter.cut_before_text_frame()
         demo.prompt(pane, "echo before the drop")
         cut.result(TIMEOUT_MS / 1000)  # the prompt never reached the server on that socket
-        demo.page.wait_for_function("window.__states.includes('reconnecting')")
+        demo.wait_for_state("reconnecting")
         demo.expect_turn(pane, "end_turn")
         expect(demo.page.locator("#state")).to_have_attribute("data-state", "connected")
         # A second turn after it: a duplicate of the first would have been answered by then.

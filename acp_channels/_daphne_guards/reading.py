@@ -99,7 +99,7 @@ class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
         self._stop_clock()
         super().allHeadersReceived()
         if self.length != 0 and not self.refused and limits.is_acp_target(self.request_target):
-            self._start_clock(float(acp_settings.BODY_TIMEOUT_SECONDS), limits.BODY_TIMEOUT)
+            self._start_clock(acp_settings.BODY_TIMEOUT_SECONDS, limits.BODY_TIMEOUT)
 
     def rawDataReceived(self, data: bytes) -> None:
         if not self.refused:
@@ -146,7 +146,7 @@ class GuardedHTTPChannel(HTTPChannel):  # type: ignore[misc]
 
     def _start_header_clock(self) -> None:
         self._request_begun = False
-        self._start_clock(float(acp_settings.HEADER_TIMEOUT_SECONDS), limits.HEADERS_TIMEOUT)
+        self._start_clock(acp_settings.HEADER_TIMEOUT_SECONDS, limits.HEADERS_TIMEOUT)
 
     def _start_clock(self, timeout: float, text: str) -> None:
         self.clock_deadline = time.monotonic() + timeout
@@ -194,7 +194,7 @@ class GuardedWebRequest(WebRequest):  # type: ignore[misc]
     def gotLength(self, length: int | None) -> None:
         channel = self.channel
         if isinstance(channel, GuardedHTTPChannel) and limits.is_acp_target(channel.request_target):
-            self.acp_body_limit = int(acp_settings.MAX_BODY_BYTES)
+            self.acp_body_limit = acp_settings.MAX_BODY_BYTES
             if length is not None and length > self.acp_body_limit:
                 # Refused before any body is read; no `100 Continue` may follow the answer.
                 self.requestHeaders.removeHeader(b"Expect")
@@ -203,7 +203,7 @@ class GuardedWebRequest(WebRequest):  # type: ignore[misc]
         elif h2_connection_of(channel) is not None and limits.is_acp_target(channel.path or b""):
             # HTTP/2: the pseudo-headers (:path) come before every other header, so the target
             # is known whenever the length is.
-            self.acp_body_limit = int(acp_settings.MAX_BODY_BYTES)
+            self.acp_body_limit = acp_settings.MAX_BODY_BYTES
             if length is not None and length > self.acp_body_limit:
                 self.requestHeaders.removeHeader(b"Expect")
                 self._refuse_h2()
