@@ -102,12 +102,15 @@ def printed(child: pexpect.spawn) -> str:
 
 @pytest.fixture
 def terminal_log() -> Iterator[list[pexpect.spawn]]:
-    """Children to clean up."""
+    """Children to clean up; what each printed is shown with a failure (captured output)."""
     children: list[pexpect.spawn] = []
     yield children
     for child in children:
         if child.isalive():
             child.terminate(force=True)
+        if isinstance(child.logfile_read, io.StringIO):
+            print("--- what the client printed ---")
+            print(child.logfile_read.getvalue())
 
 
 def type_line(child: pexpect.spawn, line: str) -> None:
