@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -196,3 +198,22 @@ def claude_server() -> Iterator[DaphneServer]:
     yield server
     server.stop()
     shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """`ACP_TEST_CPU_LOG=<file>`: one line per test with the CPU seconds it cost this process and
+    the child processes it reaped (servers count where they are stopped: at their fixture's
+    teardown), and its wall time; `python -m tests.cpu_report <file>` sums them per module
+    (docs/testing.md, "Where the time goes")."""
+    log = os.environ.get("ACP_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    before, started = os.times(), time.monotonic()
+    yield
+    after = os.times()
+    own = after.user - before.user + after.system - before.system
+    children = after.children_user - before.children_user + after.children_system - before.children_system
+    with open(log, "a") as lines:
+        lines.write(f"{item.nodeid}\t{own:.2f}\t{children:.2f}\t{time.monotonic() - started:.2f}\n")

@@ -1,8 +1,12 @@
-"""The xdist groups (tests/scheduling.py): the tests sharing a module's servers go together per
-server shape; everything else is scheduled one test at a time."""
+"""The suite's own tools: the xdist groups (tests/scheduling.py: the tests sharing a module's
+servers go together per server shape, everything else one test at a time) and the CPU report
+(tests/cpu_report.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from tests.cpu_report import report
 from tests.live import ROOT
 from tests.scheduling import keeps_servers, server_group
 
@@ -28,3 +32,16 @@ def test_the_suites_modules_with_shared_servers_are_found() -> None:
     """A live module known to keep its servers per module is recognised from its source."""
     assert keeps_servers((ROOT / "tests" / "test_resume_ws_live.py").read_text())
     assert not keeps_servers((ROOT / "tests" / "test_protocol.py").read_text())
+
+
+def test_the_cpu_report_sums_per_module_costliest_first(tmp_path: Path) -> None:
+    log = tmp_path / "cpu.log"
+    log.write_text(
+        "tests/test_a.py::test_one[x]\t0.50\t1.50\t3.00\n"
+        "tests/test_b.py::test_two\t1.00\t4.00\t2.00\n"
+        "tests/test_a.py::test_three\t0.25\t0.75\t1.00\n"
+    )
+    lines = report(str(log)).splitlines()
+    assert lines[0] == "8 s of CPU over 2 modules"
+    assert lines[2].split() == ["5.0", "62.5%", "2.0", "tests/test_b.py"]
+    assert lines[3].split() == ["3.0", "37.5%", "4.0", "tests/test_a.py"]
