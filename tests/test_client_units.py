@@ -177,3 +177,23 @@ def test_client_module_does_not_import_django() -> None:
     code = "import sys, acp_channels.client, acp_channels.client._terminal; print('django' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["ftp://example.test"], ["http://example.test", "--permissions", "maybe"]]
+)
+def test_help_and_usage_errors_answer_without_loading_the_sdk(argv: list[str]) -> None:
+    """`acp-client --help` and a usage error exit before the acp SDK and the terminal's libraries
+    load (most of the second a session start takes)."""
+    code = (
+        "import sys\n"
+        "from acp_channels.client.__main__ import main\n"
+        "try:\n"
+        f"    status = main({argv!r})\n"
+        "except SystemExit as exit:\n"
+        "    status = exit.code\n"
+        "loaded = {m.split('.')[0] for m in sys.modules} & {'acp', 'prompt_toolkit'}\n"
+        "print(status, sorted(loaded), file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.stderr.splitlines()[-1] == f"{0 if argv == ['--help'] else 2} []", result.stderr

@@ -12,12 +12,11 @@ import asyncio
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from ._cli import TOKEN_ENVIRONMENT_VARIABLE, add_connection_arguments, connection_options
 from ._errors import ClientUsageError
-from ._terminal import run
-from ._terminal_input import default_history_path
 
 __all__ = ["EXIT_USAGE", "TOKEN_ENVIRONMENT_VARIABLE", "main"]
 
@@ -31,6 +30,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"error: {message}\n")
+
+
+def default_history_path() -> Path:
+    """`$XDG_STATE_HOME/acp-channels/history` (`~/.local/state/acp-channels/history`)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "acp-channels" / "history"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -80,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.verbose:
         logging.getLogger("acp_channels.client").setLevel(logging.DEBUG)
+    # Here, not at the top: `--help` and usage errors answer without loading the acp SDK, the
+    # terminal's libraries and their models (most of a second of CPU).
+    from ._terminal import run
+
     try:
         return asyncio.run(
             run(

@@ -31,7 +31,6 @@ __all__ = [
     "LineReader",
     "PlainInput",
     "TerminalInput",
-    "default_history_path",
     "line_or_cancelled",
 ]
 
@@ -44,12 +43,6 @@ CANCELLED = object()
 class Input(Protocol):
     async def read(self, prompt: str, *, history: bool = True) -> str | object | None:
         """A line; None at the end of the input (Ctrl-D); `INTERRUPTED` for Ctrl-C at the prompt."""
-
-
-def default_history_path() -> Path:
-    """`$XDG_STATE_HOME/acp-channels/history` (`~/.local/state/acp-channels/history`)."""
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "acp-channels" / "history"
 
 
 def open_history(path: Path | None) -> tuple[History, str | None]:
