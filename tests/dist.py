@@ -13,11 +13,13 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import venv
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +33,8 @@ WHEEL = f"acp_channels-{VERSION}-py3-none-any.whl"
 SDIST = f"acp_channels-{VERSION}.tar.gz"
 #: Beside the virtual environment ./dev.sh makes (never committed); elsewhere a temporary folder.
 CACHE = (ROOT / ".venv" / "test-cache") if (ROOT / ".venv").is_dir() else Path(tempfile.gettempdir()) / "acp-test-cache"
+#: A cache entry of other contents unused for this long is removed when a new one is made.
+STALE_AFTER = 3600.0
 #: What the wheel and the sdist are made of (examples/ is in the sdist).
 BUILD_INPUTS = ("acp_channels", "examples", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "CHANGELOG.md")
 
@@ -79,7 +83,9 @@ def inputs_digest() -> str:
 @contextlib.contextmanager
 def cached(name: str) -> Iterator[tuple[Path, bool]]:
     """CACHE/`name`-<digest> and whether it is complete, under a lock held while the caller
-    fills it (it then writes `done` in it); an incomplete one is emptied first."""
+    fills it (it then writes `done` in it); an incomplete one is emptied first. A new one
+    removes those of other contents not used for STALE_AFTER (a fresh environment is 140 MB:
+    one per edit would fill the disk; one a parallel run may still be using is kept)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     place = CACHE / f"{name}-{inputs_digest()}"
     with open(CACHE / f"{name}.lock", "w") as lock:
@@ -88,6 +94,12 @@ def cached(name: str) -> Iterator[tuple[Path, bool]]:
         if not done:
             shutil.rmtree(place, ignore_errors=True)
             place.mkdir()
+            stale = time.time() - STALE_AFTER
+            for other in CACHE.glob(f"{name}-*"):
+                if other != place and other.is_dir() and other.stat().st_mtime < stale:
+                    shutil.rmtree(other, ignore_errors=True)
+        else:
+            os.utime(place)  # used now
         yield place, done
 
 

@@ -4,8 +4,13 @@ servers go together per server shape, everything else one test at a time) and th
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
+import pytest
+
+from tests import dist
 from tests.cpu_report import report
 from tests.live import ROOT
 from tests.scheduling import keeps_servers, server_group
@@ -45,3 +50,24 @@ def test_the_cpu_report_sums_per_module_costliest_first(tmp_path: Path) -> None:
     assert lines[0] == "8 s of CPU over 2 modules"
     assert lines[2].split() == ["5.0", "62.5%", "2.0", "tests/test_b.py"]
     assert lines[3].split() == ["3.0", "37.5%", "4.0", "tests/test_a.py"]
+
+
+def test_a_new_cache_entry_removes_stale_ones_of_other_contents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build cache keeps what a run may still use, not one 140 MB environment per edit."""
+    monkeypatch.setattr(dist, "CACHE", tmp_path)
+    monkeypatch.setattr(dist, "inputs_digest", lambda: "new")
+    stale, recent, other_kind = tmp_path / "dist-old", tmp_path / "dist-recent", tmp_path / "readme-install-old"
+    for folder in (stale, recent, other_kind):
+        folder.mkdir()
+    hours_ago = time.time() - 2 * dist.STALE_AFTER
+    os.utime(stale, (hours_ago, hours_ago))
+    os.utime(other_kind, (hours_ago, hours_ago))
+    with dist.cached("dist") as (place, done):
+        assert (place, done) == (tmp_path / "dist-new", False)
+        (place / "done").touch()
+    assert not stale.exists()
+    assert recent.exists() and other_kind.exists()  # in use by a parallel run, or another cache
+    with dist.cached("dist") as (place, done):
+        assert done
