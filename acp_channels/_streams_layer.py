@@ -1,0 +1,358 @@
+"""A Channels layer on Redis Streams, through redis-py's asyncio client.
+
+The whole Channels layer interface (`send`, `receive`, `new_channel`, `group_add`,
+`group_discard`, `group_send`, `flush`) with channels-redis's configuration and behaviours
+(capacity, per-channel capacity, message expiry, group expiry), on one Redis:
+
+- A channel is a stream, `<prefix>c:<name>`. Every send is one script call: drop entries older
+  than `expiry` (XTRIM MINID, on Redis's clock), refuse past the capacity (ChannelFull), XADD,
+  and let the key expire when nobody sends. An entry holds the message (msgpack) and, for a
+  process-specific channel, the channel's name.
+- An ordinary channel may have receivers in several processes and each message goes to one of
+  them: they read through one consumer group (XREADGROUP), then acknowledge and delete what they
+  took, so the stream's length is what waits.
+- The process-specific channels of one layer instance (`new_channel`: `<prefix>.<client>!<id>`,
+  whatever their prefix) share one stream, `<prefix>p:<client>`, read by that instance alone
+  (XREAD from its last id) and sorted into per-channel buffers; their capacity is that stream's.
+- Reads run as tasks of their own that receives wait for without owning them: a cancelled
+  receive leaves its read going, and what it reads waits in the channel's buffer for the next
+  receive (redis-py can swallow a cancel that lands in a blocking read).
+- A group is a sorted set of its channels by the time they joined (`group_expiry`); group_send
+  adds the message to every member's stream in one script call. Members over capacity are
+  skipped, as the Channels spec allows, and counted in a WARNING line: nothing is dropped
+  without a word. A buffer of a process-specific channel holds at most its capacity; past it the
+  oldest message is dropped, with a WARNING.
+
+Redis clients are per event loop (redis-py's connections belong to the loop that made them), so
+the layer works under `async_to_sync` as well. Not yet used by acp-channels' own routing: the
+runner tier will route through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import secrets
+import time
+import weakref
+from typing import Any, Final
+
+import msgpack
+from channels.exceptions import ChannelFull
+from channels.layers import BaseChannelLayer
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+__all__ = ["StreamsChannelLayer"]
+
+logger = logging.getLogger("acp_channels.layers")
+
+#: The consumer group every receiver of an ordinary channel reads through.
+RECEIVERS: Final = "receivers"
+#: How long one blocking read waits before it is issued again (a dropped connection or a stream
+#: that expired is then noticed); below the socket timeout.
+BLOCK_MS: Final = 5000
+
+#: KEYS[1] the stream; ARGV: expiry ms, capacity, key ttl ms, message, channel ("" if ordinary).
+#: Returns 0 when full, 1 when added.
+_SEND: Final = """
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('XTRIM', KEYS[1], 'MINID', now_ms - tonumber(ARGV[1]))
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[2]) then
+    return 0
+end
+if ARGV[5] == '' then
+    redis.call('XADD', KEYS[1], '*', 'm', ARGV[4])
+else
+    redis.call('XADD', KEYS[1], '*', 'm', ARGV[4], 'c', ARGV[5])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+#: KEYS: the members' streams; ARGV: expiry ms, key ttl ms, message, then per member its name,
+#: whether it is process-specific (1/0) and its capacity. Returns the members that were full.
+_GROUP_SEND: Final = """
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local full = {}
+for i, stream in ipairs(KEYS) do
+    local channel, specific, capacity = ARGV[1 + i * 3], ARGV[2 + i * 3], tonumber(ARGV[3 + i * 3])
+    redis.call('XTRIM', stream, 'MINID', now_ms - tonumber(ARGV[1]))
+    if redis.call('XLEN', stream) >= capacity then
+        table.insert(full, channel)
+    else
+        if specific == '1' then
+            redis.call('XADD', stream, '*', 'm', ARGV[3], 'c', channel)
+        else
+            redis.call('XADD', stream, '*', 'm', ARGV[3])
+        end
+        redis.call('PEXPIRE', stream, ARGV[2])
+    end
+end
+return full
+"""
+
+
+def _client_of(channel: str) -> str:
+    """The client part of a process-specific channel name (`<prefix>.<client>!<id>`)."""
+    return channel[: channel.index("!")].rpartition(".")[2]
+
+
+class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
+    """A Channels layer on Redis Streams (see the module docstring). Configured as
+    channels-redis is, with one host: `hosts` (a URL, or a dict of redis-py connection
+    arguments, or `{"address": url, ...}`), `prefix`, `expiry`, `group_expiry`, `capacity`,
+    `channel_capacity`."""
+
+    extensions = ["groups", "flush"]
+
+    def __init__(
+        self,
+        hosts: list[str | dict[str, Any]] | None = None,
+        prefix: str = "asgi",
+        expiry: float = 60,
+        group_expiry: int = 86400,
+        capacity: int = 100,
+        channel_capacity: dict[str, int] | None = None,
+    ) -> None:
+        super().__init__(expiry=expiry, capacity=capacity)
+        self.channel_capacity = self.compile_capacities(channel_capacity or {})
+        hosts = hosts or ["redis://127.0.0.1:6379"]
+        if len(hosts) != 1:
+            raise ValueError("StreamsChannelLayer takes one Redis host (no sharding)")
+        self.host = hosts[0]
+        self.prefix = prefix
+        self.key_prefix = f"{prefix}:"
+        self.group_expiry = group_expiry
+        self.client_prefix = secrets.token_hex(6)
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Redis] = weakref.WeakKeyDictionary()
+        self._consumer = f"{self.client_prefix}-{secrets.token_hex(4)}"
+        # process-specific channels: what was read for each, and where the shared stream was read up to
+        self._buffers: dict[str, collections.deque[dict[str, Any]]] = collections.defaultdict(collections.deque)
+        self._last_id = "0-0"
+        #: the read running for each stream, per event loop
+        self._readers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Task[None]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _client(self) -> Redis:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            options: dict[str, Any] = {"socket_timeout": BLOCK_MS / 1000 + 25}
+            if isinstance(self.host, str):
+                client = Redis.from_url(self.host, **options)
+            elif "address" in self.host:
+                extra = {key: value for key, value in self.host.items() if key != "address"}
+                client = Redis.from_url(self.host["address"], **{**options, **extra})
+            else:
+                client = Redis(**{**options, **self.host})
+            self._clients[loop] = client
+        return client
+
+    async def close_pools(self) -> None:
+        """Close this event loop's connections (channels-redis's name for it), once its reads
+        end (within BLOCK_MS)."""
+        loop = asyncio.get_running_loop()
+        readers = [reader for reader in self._readers.pop(loop, {}).values() if not reader.done()]
+        for reader in readers:
+            reader.cancel()
+        if readers:
+            await asyncio.wait(readers)
+        client = self._clients.pop(loop, None)
+        if client is not None:
+            await client.aclose()
+
+    close = close_pools
+
+    # -- names ---------------------------------------------------------------------------------
+
+    def _stream(self, channel: str) -> str:
+        """The stream of a channel: its own, or for a process-specific one (`<prefix>.<client>!<id>`)
+        its client's, whatever its prefix."""
+        if "!" in channel:
+            return f"{self.key_prefix}p:{_client_of(channel)}"
+        return f"{self.key_prefix}c:{channel}"
+
+    def _own(self, channel: str) -> bool:
+        return "!" in channel and _client_of(channel) == self.client_prefix
+
+    async def new_channel(self, prefix: str = "specific") -> str:
+        return f"{prefix}.{self.client_prefix}!{secrets.token_hex(8)}"
+
+    # -- sending -------------------------------------------------------------------------------
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        """Add `message` to `channel`; ChannelFull when it holds its capacity."""
+        assert isinstance(message, dict), "message is not a dict"
+        assert self.require_valid_channel_name(channel), "Channel name not valid"
+        assert "__asgi_channel__" not in message
+        added = await self._client().eval(
+            _SEND,
+            1,
+            self._stream(channel),
+            int(self.expiry * 1000),
+            self.get_capacity(channel),
+            self._ttl_ms(),
+            msgpack.packb(message, use_bin_type=True),
+            channel if "!" in channel else "",
+        )
+        if not added:
+            raise ChannelFull(channel)
+
+    def _ttl_ms(self) -> int:
+        return int(self.expiry * 1000) + 1000
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        """The next message of `channel`, waiting for one.
+
+        Reads are tasks of their own that a receive waits for without owning: a cancelled
+        receive leaves its read running, and what it reads waits in this process's buffer of
+        the channel for the next receive (redis-py may swallow a cancel that comes during a
+        blocking read, so a read is never the cancelled thing)."""
+        assert self.require_valid_channel_name(channel), "Channel name not valid"
+        if "!" in channel:
+            assert self._own(channel), "Wrong client prefix"
+        loop = asyncio.get_running_loop()
+        stream = self._stream(channel)
+        readers = self._readers.setdefault(loop, {})
+        while True:
+            buffer = self._buffers.get(channel)
+            if buffer:
+                message = buffer.popleft()
+                if not buffer:
+                    del self._buffers[channel]
+                return message
+            reader = readers.get(stream)
+            if reader is None or reader.done():
+                read = self._read_own_stream(stream) if "!" in channel else self._read_shared(stream, channel)
+                reader = readers[stream] = loop.create_task(read, name=f"acp-layer-read {stream}")
+            await asyncio.shield(reader)
+
+    async def _read_shared(self, stream: str, channel: str) -> None:
+        """Take at most one message of an ordinary channel (through the receivers' group) into
+        its buffer."""
+        client = self._client()
+        try:
+            reply: Any = await client.xreadgroup(RECEIVERS, self._consumer, {stream: ">"}, count=1, block=BLOCK_MS)
+        except ResponseError as error:
+            # no group yet, or the stream expired (nobody sent for a while) under a reader
+            if "NOGROUP" not in str(error) and "no longer exists" not in str(error):
+                raise
+            await self._create_group(client, stream)
+            return
+        if not reply:
+            return
+        entry_id, fields = reply[0][1][0]
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.xack(stream, RECEIVERS, entry_id)
+            pipe.xdel(stream, entry_id)
+            await pipe.execute()
+        if not self._expired(entry_id):
+            self._buffers[channel].append(msgpack.unpackb(fields[b"m"], raw=False))
+
+    async def _create_group(self, client: Redis, stream: str) -> None:
+        try:
+            # from the start: what was sent before any receiver came is theirs too
+            await client.xgroup_create(stream, RECEIVERS, id="0", mkstream=True)
+        except ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
+        await client.pexpire(stream, self._ttl_ms(), nx=True)
+
+    def _expired(self, entry_id: bytes | str) -> bool:
+        """An entry older than `expiry` (its id is Redis's clock when it was added; the clocks
+        of Redis and this host are taken to agree within a second)."""
+        text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        added_ms = int(text.partition("-")[0])
+        cutoff_ms: float = (time.time() - self.expiry) * 1000 - 1000
+        return added_ms < cutoff_ms
+
+    async def _read_own_stream(self, stream: str) -> None:
+        """Read what came for this instance's process-specific channels, sort it into their
+        buffers, then delete it from the stream (a read cut short is read again)."""
+        client = self._client()
+        reply: Any = await client.xread({stream: self._last_id}, count=100, block=BLOCK_MS)
+        if not reply:
+            return
+        entries = reply[0][1]
+        for entry_id, fields in entries:
+            if self._expired(entry_id):
+                continue
+            target = fields[b"c"].decode()
+            buffer = self._buffers[target]
+            if len(buffer) >= self.get_capacity(target):
+                buffer.popleft()
+                logger.warning("channel %s: its buffer was full, the oldest message was dropped", target)
+            buffer.append(msgpack.unpackb(fields[b"m"], raw=False))
+        last = entries[-1][0]
+        self._last_id = last.decode() if isinstance(last, bytes) else last
+        await client.xdel(stream, *(entry_id for entry_id, _ in entries))
+
+    # -- groups --------------------------------------------------------------------------------
+
+    def _group(self, group: str) -> str:
+        return f"{self.key_prefix}g:{group}"
+
+    async def group_add(self, group: str, channel: str) -> None:
+        assert self.require_valid_group_name(group), "Group name not valid"
+        assert self.require_valid_channel_name(channel), "Channel name not valid"
+        client = self._client()
+        key = self._group(group)
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.zadd(key, {channel: time.time()})
+            pipe.expire(key, self.group_expiry)
+            await pipe.execute()
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        assert self.require_valid_group_name(group), "Group name not valid"
+        assert self.require_valid_channel_name(channel), "Channel name not valid"
+        await self._client().zrem(self._group(group), channel)
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        """`message` to every channel of `group`; those at their capacity are skipped and
+        counted in a WARNING line. Two round trips: the members (those past `group_expiry`
+        leave), then one script adding to each member's stream."""
+        assert self.require_valid_group_name(group), "Group name not valid"
+        assert "__asgi_channel__" not in message
+        client = self._client()
+        key = self._group(group)
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.zremrangebyscore(key, "-inf", time.time() - self.group_expiry)
+            pipe.zrange(key, 0, -1)
+            _, members = await pipe.execute()
+        if not members:
+            return
+        channels = [member.decode() for member in members]
+        arguments: list[Any] = []
+        for channel in channels:
+            arguments += [channel, int("!" in channel), self.get_capacity(channel)]
+        full = await client.eval(
+            _GROUP_SEND,
+            len(channels),
+            *(self._stream(channel) for channel in channels),
+            int(self.expiry * 1000),
+            self._ttl_ms(),
+            msgpack.packb(message, use_bin_type=True),
+            *arguments,
+        )
+        if full:
+            logger.warning(
+                "%d of %d channels over capacity in group %s: not sent to them", len(full), len(channels), group
+            )
+
+    # -- flush ---------------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Delete every key of this prefix, and what this instance buffered."""
+        client = self._client()
+        async for key in client.scan_iter(match=f"{self.key_prefix}*", count=1000):
+            await client.delete(key)
+        self._buffers.clear()
