@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from acp_channels._checks import check_settings
-from acp_channels._conf import DEFAULTS, AcpSettings
+from acp_channels._conf import DEFAULTS, AcpSettings, acp_settings
 from acp_channels._cors import ACP_ALLOW_HEADERS, ACP_EXPOSE_HEADERS, cors_allow_headers
 
 #: Referenced by ACP_CHANNELS["AGENT"] in a test: importable, but not callable.
@@ -53,7 +53,11 @@ def test_acp_channels_not_a_dict(settings: Any) -> None:
 
 
 def test_agent_missing_when_acp_channels_is_absent(settings: Any) -> None:
+    acp_settings.ALLOW_ANONYMOUS  # noqa: B018  (read, and kept, as an earlier test may have)
     del settings.ACP_CHANNELS
+    # pytest-django sends no setting_changed for a deleted setting: without this the values read
+    # before would stay (the test failed when a test before it in its xdist worker had read them)
+    acp_settings.reload()
     messages = check_settings()
     # ...and nothing says who may use the endpoint (DEBUG is False here).
     assert [m.id for m in messages] == ["acp_channels.E001", "acp_channels.W004"]
