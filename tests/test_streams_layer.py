@@ -362,3 +362,27 @@ async def test_flush_empties_channels_and_groups(layer: StreamsChannelLayer) -> 
     assert [key async for key in layer._client().scan_iter(match=f"{layer.key_prefix}*")] == []
     await nothing_comes(layer, "plain")
     await nothing_comes(layer, channel)
+
+
+async def test_concurrent_receives_of_one_ordinary_channel_in_one_process(layer: StreamsChannelLayer) -> None:
+    """Several receives of one channel in one process share its read: each message goes to one."""
+    receiving = [asyncio.ensure_future(layer.receive("shared-here")) for _ in range(3)]
+    for number in range(3):
+        await layer.send("shared-here", {"type": "m", "n": number})
+    received = await asyncio.wait_for(asyncio.gather(*receiving), 10)
+    assert sorted(message["n"] for message in received) == [0, 1, 2]
+
+
+async def test_a_stream_that_expired_under_its_receiver_is_read_again(make_layer: Any) -> None:
+    """An ordinary channel's stream expires when nobody sends (its key has a TTL): a receiver
+    waiting on it makes its group again and still gets the next message."""
+    layer = make_layer(expiry=1)
+    waiting = asyncio.ensure_future(layer.receive("quiet"))
+    await layer.send("quiet", {"type": "first"})
+    assert (await asyncio.wait_for(waiting, 10))["type"] == "first"
+    waiting = asyncio.ensure_future(layer.receive("quiet"))
+    client = layer._client()
+    await client.delete(layer._stream("quiet"))  # what the key's expiry does after a quiet while
+    await layer.send("quiet", {"type": "second"})
+    assert (await asyncio.wait_for(waiting, 15))["type"] == "second"
+    await layer.close_pools()
