@@ -23,6 +23,7 @@ from acp_channels._gateway import (
     AgentClosed,
     AgentEnded,
     AgentNotStarted,
+    HostHandle,
     HostUnreachable,
     LayerUnavailable,
     QuotaExceeded,
@@ -116,6 +117,15 @@ async def health(request: HttpRequest) -> HttpResponse:
     return text_response(200, "ok")
 
 
+def located(request: HttpRequest, principal: Principal) -> HostHandle | HttpResponse:
+    """The connection the request names (Acp-Connection-Id), or the answer when there is none:
+    400 without the header, 404 for an unknown id or another principal's connection."""
+    connection_id = header(request, CONNECTION_HEADER)
+    if connection_id is None:
+        return text_response(400, CONNECTION_REQUIRED)
+    return locate(connection_id, principal) or text_response(404)
+
+
 def text_response(status: int, body: str = "") -> HttpResponse:
     """A plain-text answer, or a bare status with no body and no content type (§2)."""
     if body:
@@ -178,12 +188,9 @@ async def post(request: HttpRequest, principal: Principal) -> HttpResponseBase:
     if init_index is not None:
         return await initialize(request, frame, init_index, principal)
 
-    connection_id = header(request, CONNECTION_HEADER)
-    if connection_id is None:
-        return text_response(400, CONNECTION_REQUIRED)
-    handle = locate(connection_id, principal)
-    if handle is None:
-        return text_response(404)
+    handle = located(request, principal)
+    if isinstance(handle, HttpResponse):
+        return handle
     try:
         plan = await protocol.plan_inbound_in_slices(frame, header(request, SESSION_HEADER))
         await handle.submit(plan)
@@ -339,12 +346,9 @@ async def sse_body(lease: StreamReader, keepalive: float) -> AsyncGenerator[byte
 
 
 async def delete(request: HttpRequest, principal: Principal) -> HttpResponseBase:
-    connection_id = header(request, CONNECTION_HEADER)
-    if connection_id is None:
-        return text_response(400, CONNECTION_REQUIRED)
-    handle = locate(connection_id, principal)
-    if handle is None:
-        return text_response(404)
+    handle = located(request, principal)
+    if isinstance(handle, HttpResponse):
+        return handle
     try:
         await handle.terminate()
     except REACHING_THE_HOST as error:
