@@ -4,10 +4,10 @@ The whole Channels layer interface (`send`, `receive`, `new_channel`, `group_add
 `group_discard`, `group_send`, `flush`) with channels-redis's configuration and behaviours
 (capacity, per-channel capacity, message expiry, group expiry), on one Redis:
 
-- A channel is a stream, `<prefix>c:<name>`. Every send is one script call: drop entries older
-  than `expiry` (XTRIM MINID, on Redis's clock), refuse past the capacity (ChannelFull), XADD,
-  and let the key expire when nobody sends. An entry holds the message (msgpack) and, for a
-  process-specific channel, the channel's name.
+- A channel is a stream, `<prefix>c:<name>`. Every send is one script call (the same as a
+  group_send's): drop entries older than `expiry` (XTRIM MINID, on Redis's clock), refuse past
+  the capacity (ChannelFull), XADD, and let the key expire when nobody sends. An entry holds
+  the message (msgpack) and, for a process-specific channel, the channel's name.
 - An ordinary channel may have receivers in several processes and each message goes to one of
   them: they read through one consumer group (XREADGROUP), then acknowledge and delete what they
   took, so the stream's length is what waits.
@@ -54,27 +54,11 @@ RECEIVERS: Final = "receivers"
 #: that expired is then noticed); below the socket timeout.
 BLOCK_MS: Final = 5000
 
-#: KEYS[1] the stream; ARGV: expiry ms, capacity, key ttl ms, message, channel ("" if ordinary).
-#: Returns 0 when full, 1 when added.
-_SEND: Final = """
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-redis.call('XTRIM', KEYS[1], 'MINID', now_ms - tonumber(ARGV[1]))
-if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[2]) then
-    return 0
-end
-if ARGV[5] == '' then
-    redis.call('XADD', KEYS[1], '*', 'm', ARGV[4])
-else
-    redis.call('XADD', KEYS[1], '*', 'm', ARGV[4], 'c', ARGV[5])
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
-#: KEYS: the members' streams; ARGV: expiry ms, key ttl ms, message, then per member its name,
-#: whether it is process-specific (1/0) and its capacity. Returns the members that were full.
-_GROUP_SEND: Final = """
+#: Adds a message to channels' streams (one for a send, each member's for a group_send): drops
+#: entries older than the expiry (on Redis's clock), skips a stream at its capacity, sets the
+#: key's expiry. KEYS: the streams; ARGV: expiry ms, key ttl ms, message, then per channel its
+#: name, whether it is process-specific (1/0) and its capacity. Returns the channels that were full.
+_ADD: Final = """
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local full = {}
@@ -192,18 +176,25 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         assert isinstance(message, dict), "message is not a dict"
         assert self.require_valid_channel_name(channel), "Channel name not valid"
         assert "__asgi_channel__" not in message
-        added = await self._client().eval(
-            _SEND,
-            1,
-            self._stream(channel),
+        if await self._add([channel], message):
+            raise ChannelFull(channel)
+
+    async def _add(self, channels: list[str], message: dict[str, Any]) -> list[bytes]:
+        """`message` added to each channel's stream in one script call; the channels at their
+        capacity, which got nothing."""
+        arguments: list[Any] = []
+        for channel in channels:
+            arguments += [channel, int("!" in channel), self.get_capacity(channel)]
+        full: list[bytes] = await self._client().eval(
+            _ADD,
+            len(channels),
+            *(self._stream(channel) for channel in channels),
             int(self.expiry * 1000),
-            self.get_capacity(channel),
             self._ttl_ms(),
             msgpack.packb(message, use_bin_type=True),
-            channel if "!" in channel else "",
+            *arguments,
         )
-        if not added:
-            raise ChannelFull(channel)
+        return full
 
     def _ttl_ms(self) -> int:
         return int(self.expiry * 1000) + 1000
@@ -331,18 +322,7 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         if not members:
             return
         channels = [member.decode() for member in members]
-        arguments: list[Any] = []
-        for channel in channels:
-            arguments += [channel, int("!" in channel), self.get_capacity(channel)]
-        full = await client.eval(
-            _GROUP_SEND,
-            len(channels),
-            *(self._stream(channel) for channel in channels),
-            int(self.expiry * 1000),
-            self._ttl_ms(),
-            msgpack.packb(message, use_bin_type=True),
-            *arguments,
-        )
+        full = await self._add(channels, message)
         if full:
             logger.warning(
                 "%d of %d channels over capacity in group %s: not sent to them", len(full), len(channels), group
