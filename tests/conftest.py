@@ -12,6 +12,7 @@ import httpx
 import pytest
 from asgiref.sync import SyncToAsync
 
+from tests import forkserver
 from tests.cluster import Cluster, RedisServer
 from tests.dist import Built, Installed, cached_build, cached_readme_install
 from tests.live import ROOT, DaphneServer
@@ -210,10 +211,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not log:
         yield
         return
-    before, started = os.times(), time.monotonic()
+    before, forked_before, started = os.times(), forkserver.children_cpu(), time.monotonic()
     yield
     after = os.times()
     own = after.user - before.user + after.system - before.system
     children = after.children_user - before.children_user + after.children_system - before.children_system
+    children += forkserver.children_cpu() - forked_before
     with open(log, "a") as lines:
         lines.write(f"{item.nodeid}\t{own:.2f}\t{children:.2f}\t{time.monotonic() - started:.2f}\n")

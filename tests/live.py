@@ -1,7 +1,8 @@
 """Test helpers that run a real daphne process on loopback and talk to it over the wire.
 
 `DaphneServer` starts `python -m daphne demo_project.asgi:application` on a free port, with
-`ACP_*` environment variables choosing the agent and settings, and waits for daphne's own
+`ACP_*` environment variables choosing the agent and settings (forked from the preloaded
+tests/forkserver.py unless `exec=True` or ACP_TEST_FORK=0), and waits for daphne's own
 "Listening on" log line (an event, not a sleep); `UvicornServer` does the same under uvicorn,
 `HypercornServer` under hypercorn. Given a `tls` certificate (`tls_certificate()`, made on the
 fly) each serves https:// instead: daphne and hypercorn then offer HTTP/2 through ALPN,
@@ -36,6 +37,8 @@ from typing import Any, ClassVar, Self
 import httpx
 
 from demo_project.devcert import DevCertificate, write_certificate
+from tests import forkserver
+from tests.forkserver import Forked
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_MESSAGE = 16 * 1024 * 1024 + 4096  # the 16 MiB body limit plus JSON-RPC framing
@@ -51,7 +54,7 @@ class ServerProcess:
     #: Read the process's log from stderr only (stdout discarded), or stdout with stderr merged.
     log_from_stderr: ClassVar[bool] = False
     port: int = 0
-    process: subprocess.Popen[str] | None = None
+    process: subprocess.Popen[str] | Forked | None = None
     log: list[str] = field(default_factory=list)
 
     #: Serve https:// and wss:// with this certificate (where the server supports it).
@@ -77,15 +80,7 @@ class ServerProcess:
         """Start the process without waiting for it (`wait_listening` does): several servers
         then start side by side."""
         argv, cwd, env = self.command()
-        self.process = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL if self.log_from_stderr else subprocess.PIPE,
-            stderr=subprocess.PIPE if self.log_from_stderr else subprocess.STDOUT,
-            text=True,
-        )
+        self.process = self.popen(argv, cwd, env)
         self._listening = threading.Event()
         threading.Thread(target=self._pump, args=(self._listening,), daemon=True).start()
         return self
@@ -95,6 +90,17 @@ class ServerProcess:
             self.stop()
             raise RuntimeError(f"{self.command()[0]} did not start:\n" + "".join(self.log))
         return self
+
+    def popen(self, argv: list[str], cwd: Path, env: dict[str, str] | None) -> subprocess.Popen[str] | Forked:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL if self.log_from_stderr else subprocess.PIPE,
+            stderr=subprocess.PIPE if self.log_from_stderr else subprocess.STDOUT,
+            text=True,
+        )
 
     def _pump(self, ready: threading.Event) -> None:
         assert self.process is not None
@@ -125,6 +131,9 @@ class DaphneServer(ServerProcess):
     listening: ClassVar[re.Pattern[str]] = LISTENING
     log_from_stderr: ClassVar[bool] = True  # Django's and our logging; not the access log
     env: dict[str, str] = field(default_factory=dict)
+    #: Run `python -m daphne` itself rather than fork it from the preloaded forkserver
+    #: (tests/forkserver.py): for tests about how a server starts.
+    exec: bool = False
 
     def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
         env = {
@@ -148,6 +157,12 @@ class DaphneServer(ServerProcess):
             "demo_project.asgi:application",
         ]  # fmt: skip
         return daphne, ROOT, env
+
+    def popen(self, argv: list[str], cwd: Path, env: dict[str, str] | None) -> subprocess.Popen[str] | Forked:
+        if self.exec or not forkserver.enabled():
+            return super().popen(argv, cwd, env)
+        assert env is not None and argv[1:3] == ["-m", "daphne"]
+        return forkserver.forkserver().spawn(argv[2:], cwd, env)
 
     def errors(self) -> list[str]:
         """Tracebacks and server errors in the log (a 500 must never happen silently)."""

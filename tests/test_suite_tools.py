@@ -4,15 +4,19 @@ servers go together per server shape, everything else one test at a time) and th
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests import dist
+from tests import dist, forkserver
 from tests.cpu_report import report
-from tests.live import ROOT
+from tests.live import ROOT, DaphneServer
 from tests.scheduling import keeps_servers, server_group
 
 SHARED = 'import pytest\n@pytest.fixture(scope="module")\ndef server():\n    return DaphneServer().start()\n'
@@ -71,3 +75,48 @@ def test_a_new_cache_entry_removes_stale_ones_of_other_contents(
     assert recent.exists() and other_kind.exists()  # in use by a parallel run, or another cache
     with dist.cached("dist") as (place, done):
         assert done
+
+
+def test_a_forked_child_runs_a_module_with_its_own_argv_cwd_environment_and_zone(tmp_path: Path) -> None:
+    server = forkserver.forkserver()
+    child = server.spawn(["tests.forkserver", "--probe", "x"], tmp_path, {"PROBE": "yes", "TZ": "Asia/Kathmandu"})
+    assert child.wait(30) == 3
+    assert child.stderr is not None
+    seen = json.loads(child.stderr.read())
+    assert seen["argv"] == ["--probe", "x"] and seen["cwd"] == str(tmp_path) and seen["probe"] == "yes"
+    assert seen["zone"] == "+0545"  # TZ applied in the child (tzset), not the forkserver's zone
+    assert seen["stdin"] == "" and seen["parent"] == server.process.pid
+
+
+def test_a_forked_daphne_serves_and_its_signals_and_exit_are_seen() -> None:
+    daphne = DaphneServer(env={"ACP_AGENT": "tests.wire_agent.create"}).start()
+    try:
+        assert isinstance(daphne.process, forkserver.Forked)
+        reply = httpx.post(daphne.url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}})
+        assert reply.status_code == 200 and reply.headers["acp-connection-id"]
+        assert daphne.process.poll() is None
+        daphne.process.kill()
+        assert daphne.process.wait(10) == -signal.SIGKILL
+    finally:
+        daphne.stop()
+
+
+def test_a_server_about_starting_runs_the_real_command() -> None:
+    daphne = DaphneServer(env={"ACP_AGENT": "tests.wire_agent.create"}, exec=True).start()
+    try:
+        assert isinstance(daphne.process, subprocess.Popen)
+        assert Path(f"/proc/{daphne.process.pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-m", b"daphne"]
+    finally:
+        daphne.stop()
+    assert daphne.process.returncode == 0
+
+
+def test_children_of_a_forkserver_that_died_end_and_nothing_waits_forever(tmp_path: Path) -> None:
+    server = forkserver.ForkServer()
+    daphne = DaphneServer(env={"ACP_AGENT": "tests.wire_agent.create"})
+    argv, cwd, env = daphne.command()
+    daphne.process = server.spawn(argv[2:], cwd, env)
+    server.process.kill()
+    assert daphne.process.wait(10) == -signal.SIGKILL
+    status = Path(f"/proc/{daphne.process.pid}/status")
+    assert not status.exists() or "zombie" in status.read_text()  # ended; its new parent may not have reaped it
