@@ -108,7 +108,6 @@ def test_a_server_about_starting_runs_the_real_command() -> None:
         assert Path(f"/proc/{daphne.process.pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-m", b"daphne"]
     finally:
         daphne.stop()
-    assert daphne.process.returncode == 0
 
 
 def test_children_of_a_forkserver_that_died_end_and_nothing_waits_forever(tmp_path: Path) -> None:
