@@ -34,6 +34,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors += _check_budgets()
     errors += _check_cors()
     errors += _check_authentication(raw.get("AGENT"))
+    errors += _check_agent_hosts()
     errors += [
         Warning(
             f"ACP_CHANNELS has an unknown key {key!r}.",
@@ -68,6 +69,25 @@ def _check_agent(path: Any) -> list[CheckMessage]:
         ]
     if (problem := factory_problem(factory)) is not None:
         return [Error(f"ACP_CHANNELS['AGENT'] = {path!r} {problem}.", hint=hint, id="acp_channels.E001")]
+    return []
+
+
+def _check_agent_hosts() -> list[CheckMessage]:
+    """E041: runners need a channel layer other processes share."""
+    if acp_settings.AGENT_HOSTS != "runners":
+        return []
+    layers = getattr(settings, "CHANNEL_LAYERS", None)
+    default = layers.get("default") if isinstance(layers, Mapping) else None
+    backend = default.get("BACKEND") if isinstance(default, Mapping) else None
+    if backend is None or backend == "channels.layers.InMemoryChannelLayer":
+        return [
+            Error(
+                "ACP_CHANNELS['AGENT_HOSTS'] is 'runners', but the default channel layer is "
+                f"{backend or 'not configured'}: the web workers could not reach a runner.",
+                hint="Configure CHANNEL_LAYERS on Redis (docs/runners.md), or AGENT_HOSTS = 'workers'.",
+                id="acp_channels.E041",
+            )
+        ]
     return []
 
 

@@ -80,6 +80,7 @@ class OptionalNumber(Setting[N | None]):
 
     def __init__(self, default: N | None, kind: type[N], check_id: str) -> None:
         super().__init__(default, check_id)
+        self.kind = kind
         self._number: Number[N] = Number(kind(1), check_id)
 
     def problem(self, value: Any) -> str | None:
@@ -91,6 +92,19 @@ class OptionalNumber(Setting[N | None]):
 class Flag(Setting[bool]):
     def problem(self, value: Any) -> str | None:
         return None if isinstance(value, bool) else f"must be True or False, not {value!r}"
+
+
+class Choice(Setting[str]):
+    """One of a few names."""
+
+    def __init__(self, default: str, choices: tuple[str, ...], check_id: str) -> None:
+        super().__init__(default, check_id)
+        self.choices = choices
+
+    def problem(self, value: Any) -> str | None:
+        if value in self.choices:
+            return None
+        return f"must be one of {', '.join(map(repr, self.choices))}, not {value!r}"
 
 
 class AcpSettings:
@@ -149,6 +163,16 @@ class AcpSettings:
     # Several workers: how long a worker may take to acknowledge a call from another one before
     # it is taken for dead (its connections then answer 404). Raise it for overloaded workers.
     WORKER_TIMEOUT_SECONDS = Number(1.5, "acp_channels.E014")
+    # Where agents run (docs/runners.md): "workers", each web worker hosts the connections it
+    # opens (one process, or several sharing a channel layer); "runners", web workers host none
+    # and place each new connection on a runner process (`manage.py acp_runner`) with room.
+    AGENT_HOSTS = Choice("workers", ("workers", "runners"), "acp_channels.E038")
+    # On SIGTERM a runner takes no new connection and lets its connections go on for at most
+    # this long (a turn finishes), then ends the rest with a reason the client can read.
+    RUNNER_DRAIN_SECONDS = Number(60.0, "acp_channels.E039", zero=True)
+    # Connections with a stdio agent (one process each) one process hosts at once; beyond it
+    # initialize gets 503 (with runners: the next runner with room). None: MAX_CONNECTIONS only.
+    MAX_STDIO_AGENTS = OptionalNumber(None, int, "acp_channels.E040")
     # On SIGTERM a worker drains (refuses new connections, ends its streams cleanly, shuts its
     # agents down) for at most this long, then exits.
     SHUTDOWN_GRACE_SECONDS = Number(10.0, "acp_channels.E011")

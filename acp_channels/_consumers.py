@@ -167,7 +167,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.reattach(reattach, principal, subprotocol)
             return
         try:
-            connection = open_connection("websocket", principal, context.remote_address)
+            connection = await open_connection("websocket", principal, context.remote_address)
         except ShuttingDown as refused:
             logger.info("refused a WebSocket from %s: %s", context.remote_address or "-", refused)
             await self.close()  # before accept: 403
@@ -184,7 +184,19 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.accept(subprotocol)
             await self.close(code=refused.close_code)
             return
-        await self.attach(connection.attach_first_socket(), connection.connection_id, subprotocol, [])
+        except (LayerUnavailable, WorkerFailed) as error:  # placing it on a runner failed
+            logger.warning("could not open a WebSocket's connection: %s", error)
+            await self.refuse_with(error, subprotocol)
+            return
+        try:
+            socket = await connection.attach_first_socket()
+        except (ReplayUnavailable, HostUnreachable, LayerUnavailable, AgentBusy, WorkerFailed, AgentClosed) as error:
+            # The runner it was placed on went away, or the layer did, before the socket attached.
+            await connection.abandon()
+            refusal = HostUnreachable(connection.connection_id) if isinstance(error, AgentClosed) else error
+            await self.refuse_with(refusal, subprotocol)
+            return
+        await self.attach(socket, connection.connection_id, subprotocol, [])
 
     async def reattach(self, request: Reattach, principal: Principal, subprotocol: str | None) -> None:
         """A new socket for a connection whose socket dropped (or is about to be replaced):

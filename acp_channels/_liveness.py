@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 logger = logging.getLogger("acp_channels.liveness")
@@ -67,15 +69,22 @@ class Heartbeat:
         self._stopping = threading.Event()
         #: The last liveness check of each worker (loop time it started, its task).
         self._checks: dict[str, tuple[float, asyncio.Task[bool]]] = {}
+        self._load: Callable[[], dict[str, Any]] | None = None
+        self._load_seen: dict[str, Any] | None = None
 
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, layer: Any, worker_id: str, *, beat: bool = True) -> None:
+    def start(
+        self, layer: Any, worker_id: str, *, beat: bool = True, load: Callable[[], dict[str, Any]] | None = None
+    ) -> None:
         """Connect to the layer's Redis to check other workers and, with `beat`, start beating
         for `worker_id` (idempotent); call from the worker's event loop. Without `beat` (a
-        process that hosts no connection) no worker counts this process as one."""
+        process that hosts no connection) no worker counts this process as one. With `load` (a
+        runner), each beat also publishes what it returns (read on the worker's loop) for
+        placement (`runner_loads`)."""
+        self._load = load
         hosts = getattr(layer, "hosts", None)
         if not hosts:
             return
@@ -96,12 +105,18 @@ class Heartbeat:
             self._thread.start()
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Runs on the worker's loop: proves the loop still runs callbacks."""
+        """Runs on the worker's loop: proves the loop still runs callbacks (and reads the load
+        there, not from the beating thread)."""
         self._loop_seen = time.monotonic()
+        if self._load is not None:
+            self._load_seen = self._load()
         self._ticker = loop.call_later(HEARTBEAT_INTERVAL, self._tick, loop)
 
     def key(self, worker_id: str) -> str:
         return f"{self._prefix}acp.alive.{worker_id}"
+
+    def load_key(self, worker_id: str) -> str:
+        return f"{self._prefix}acp.runner.{worker_id}"
 
     def _run(self, host: dict[str, Any]) -> None:
         asyncio.run(self._beat(host))
@@ -117,7 +132,11 @@ class Heartbeat:
                     try:
                         async with asyncio.timeout(ALIVE_TTL_MS / 1000):
                             # The id again each time: a reconnect gets a new one.
-                            await redis.set(key, await redis.client_id(), px=ALIVE_TTL_MS)
+                            client_id = await redis.client_id()
+                            await redis.set(key, client_id, px=ALIVE_TTL_MS)
+                            if (load := self._load_seen) is not None:
+                                text = json.dumps({**load, "client": client_id})
+                                await redis.set(self.load_key(self._worker_id), text, px=ALIVE_TTL_MS)
                         warned = False
                     except Exception as error:  # Redis down: the calls themselves report it
                         if not warned:
@@ -125,7 +144,7 @@ class Heartbeat:
                             warned = True
                 await asyncio.sleep(BEAT_INTERVAL)  # a period, not a wait for an event
             with contextlib.suppress(Exception):
-                await redis.delete(key)  # a clean stop: others know at once
+                await redis.delete(key, self.load_key(self._worker_id))  # a clean stop: others know at once
         finally:
             with contextlib.suppress(Exception):
                 await redis.aclose(close_connection_pool=True)
@@ -146,8 +165,7 @@ class Heartbeat:
         if self._redis is None:
             return []
         prefix = self.key("")
-        pattern = "".join("\\" + char if char in "*?[]\\" else char for char in prefix) + "*"
-        keys = [key async for key in self._redis.scan_iter(match=pattern, count=1000)]
+        keys = [key async for key in self._redis.scan_iter(match=_starting_with(prefix), count=1000)]
         if not keys:
             return []
         beating: dict[str, int] = {}
@@ -159,6 +177,30 @@ class Heartbeat:
             return []
         connected = {int(entry["id"]) for entry in await self._redis.client_list(client_id=list(beating.values()))}
         return sorted(worker for worker, client_id in beating.items() if client_id in connected)
+
+    async def runner_loads(self) -> dict[str, dict[str, Any]]:
+        """The load each live runner last published, by runner id (a runner killed outright is
+        not listed: Redis no longer has its beating connection)."""
+        if self._redis is None:
+            return {}
+        prefix = self.load_key("")
+        keys = [key async for key in self._redis.scan_iter(match=_starting_with(prefix), count=1000)]
+        if not keys:
+            return {}
+        loads: dict[str, dict[str, Any]] = {}
+        for key, value in zip(keys, await self._redis.mget(keys), strict=True):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            with contextlib.suppress(TypeError, ValueError):  # gone since the scan, or not ours
+                load = json.loads(value)
+                if isinstance(load, dict) and isinstance(load.get("client"), int):
+                    loads[name.removeprefix(prefix)] = load
+        if not loads:
+            return {}
+        connected = {
+            int(entry["id"])
+            for entry in await self._redis.client_list(client_id=[load["client"] for load in loads.values()])
+        }
+        return {runner: load for runner, load in loads.items() if load["client"] in connected}
 
     async def alive(self, worker_id: str) -> bool:
         """False when Redis answers that `worker_id` has no heartbeat (or there is no heartbeat
@@ -186,6 +228,11 @@ class Heartbeat:
         except Exception as error:
             logger.debug("heartbeat check of %s did not complete: %s", worker_id, error)
             return True
+
+
+def _starting_with(prefix: str) -> str:
+    """A SCAN pattern for the keys starting with `prefix` (its glob characters escaped)."""
+    return "".join("\\" + char if char in "*?[]\\" else char for char in prefix) + "*"
 
 
 async def reply_or_gone(

@@ -233,13 +233,18 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int, princi
     init_id = protocol.frame_messages(frame)[_message_index(frame, init_index)]["id"]
 
     try:
-        connection = open_connection("http", principal, RequestContext.for_http(request).remote_address)
-    except (ShuttingDown, QuotaExceeded, ServerFull, AgentNotStarted) as error:  # ShuttingDown: another worker will
+        connection = await open_connection("http", principal, RequestContext.for_http(request).remote_address)
+    except NOT_OPENED as error:  # ShuttingDown: another worker will
         return error_response(error)
     timeout: float | None = acp_settings.INITIALIZE_TIMEOUT
     try:
         async with asyncio.timeout(timeout):
             reply = await connection.initialize(frame, init_id)
+    except NOT_OPENED as error:  # no runner took it: nothing to abandon
+        return error_response(error)
+    except REACHING_THE_HOST as error:
+        await asyncio.shield(connection.abandon())
+        return host_unavailable(error)
     except (AgentClosed, AgentEnded) as error:
         await connection.abandon()
         return error_response(error)
@@ -356,6 +361,8 @@ async def delete(request: HttpRequest, principal: Principal) -> HttpResponseBase
     return text_response(202)
 
 
+#: Why a new connection was not opened (with runners: on none of them).
+NOT_OPENED = (ShuttingDown, QuotaExceeded, ServerFull, AgentNotStarted)
 #: What can go wrong reaching a host on another worker.
 REACHING_THE_HOST = (HostUnreachable, LayerUnavailable, AgentBusy, WorkerFailed)
 

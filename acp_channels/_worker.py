@@ -91,8 +91,9 @@ def inbox_channel(worker_id: str) -> str:
     return f"acp.worker.{worker_id}"
 
 
-def new_connection_id() -> str:
-    return f"{uuid.uuid4()}.{WORKER_ID}"
+def new_connection_id(worker_id: str = WORKER_ID) -> str:
+    """A new connection id naming the process that hosts it (this one, or a runner)."""
+    return f"{uuid.uuid4()}.{worker_id}"
 
 
 def worker_of(connection_id: str) -> str | None:
@@ -219,6 +220,9 @@ class Bus:
         #: False in a process that hosts no connection (a management command): it calls the
         #: workers and reads their replies, but has no heartbeat, so no worker counts it as one.
         self.hosts_connections = True
+        #: A runner's load, published with its heartbeat for the edges' placement (None: this
+        #: process takes no placements).
+        self.load: Callable[[], dict[str, Any]] | None = None
 
     @property
     def layer(self) -> Any:
@@ -241,7 +245,7 @@ class Bus:
             return
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._listen(), name="acp-worker-inbox")
-            self.heartbeat.start(self.layer, WORKER_ID, beat=self.hosts_connections)
+            self.heartbeat.start(self.layer, WORKER_ID, beat=self.hosts_connections, load=self.load)
 
     # -- calling other workers ---------------------------------------------------------------
 

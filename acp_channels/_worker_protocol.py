@@ -27,6 +27,8 @@ handler returns can overwrite the envelope (`id`, `type`).
 
 Ops (wire name): fields -> replies (the ErrorReply ones are refusals the caller maps):
 
+- `Open` (open): connection, principal, transport, remote_address, text, init_id ->
+  Opened(body, accepted); OpenRefused(reason, limit), AgentFailed, Closed
 - `Submit` (submit): connection, principal, text, routes, sessions, header -> Submitted;
   UnknownConnection, SessionRefused(text), TooManyPending(limit, unit), Closed
 - `SubmitOnSocket` (socket-submit): connection, principal, text, socket (the lease id of a
@@ -203,6 +205,15 @@ class ConnectionEnded(Reply):
     pass
 
 
+@message("opened")
+@dataclass(frozen=True, slots=True)
+class Opened(Reply):
+    #: HTTP: the agent's reply to initialize, and whether it accepted (a JSON-RPC result). A
+    #: WebSocket connection: "" and True (the client's initialize travels on the socket).
+    body: str
+    accepted: bool
+
+
 # replies: errors
 
 
@@ -248,6 +259,22 @@ class ReplayRefused(ErrorReply):
 @dataclass(frozen=True, slots=True)
 class Closed(ErrorReply):
     """The connection (its agent) has ended."""
+
+
+@message("open-refused")
+@dataclass(frozen=True, slots=True)
+class OpenRefused(ErrorReply):
+    """The runner takes no new connection: "draining", "connections", "stdio", "budget" (its
+    caps, ServerFull's reasons) or "quota" (the principal holds `limit` connections there)."""
+
+    reason: str
+    limit: int = 0
+
+
+@message("agent-failed")
+@dataclass(frozen=True, slots=True)
+class AgentFailed(ErrorReply):
+    """The agent could not be started (logged on the runner)."""
 
 
 @message("internal")
@@ -305,6 +332,23 @@ class ReplyFromTransport(Op):
     principal: Principal
     text: str
     replies = (Replied, UnknownConnection, Closed)
+
+
+@message("open")
+@dataclass(frozen=True, slots=True)
+class Open(Op):
+    """An edge places a new connection on a runner (AGENT_HOSTS = "runners")."""
+
+    #: The id the edge chose for it: it names the runner.
+    connection: str
+    principal: Principal
+    transport: str
+    remote_address: str | None
+    #: HTTP: the initial frame and the id of its initialize request (as JSON); the runner answers
+    #: with the agent's reply. WebSocket: None; the runner starts the connection's relay.
+    text: str | None
+    init_id: str | None
+    replies = (Opened, OpenRefused, AgentFailed, Closed)
 
 
 @message("lease")

@@ -231,12 +231,17 @@ class Unavailable(AcpError):
 
 
 class ServerFull(Unavailable):
-    """This worker takes no new connection now: it hosts MAX_CONNECTIONS, or it holds
-    MAX_WORKER_BUFFERED_BYTES of undelivered output."""
+    """This worker takes no new connection now: it hosts MAX_CONNECTIONS (or MAX_STDIO_AGENTS
+    stdio agents), or it holds MAX_WORKER_BUFFERED_BYTES of undelivered output; with runners,
+    no live runner has room."""
 
-    def __init__(self, reason: Literal["connections", "budget"]) -> None:
+    def __init__(self, reason: Literal["connections", "stdio", "budget", "runners"]) -> None:
         if reason == "connections":
             text, self.retry_after = "too many ACP connections on this server", 10
+        elif reason == "stdio":
+            text, self.retry_after = "too many agent processes on this server", 10
+        elif reason == "runners":
+            text, self.retry_after = "no agent runner has room for a new connection; try again", 5
         else:
             text, self.retry_after = "this server is holding too much undelivered output; try again", 2
         super().__init__(text)

@@ -96,13 +96,15 @@ def _acp_settings_from_environment() -> dict[str, Any]:
     not in the environment keeps acp_channels' production default. Booleans are 1/true/yes/on
     (anything else is false), dicts are JSON, and keys without a number default (dotted paths,
     the permission) are taken as text."""
-    from acp_channels._conf import DEFAULTS
+    from acp_channels._conf import AcpSettings
 
     values: dict[str, Any] = {}
-    for key, default in DEFAULTS.items():
+    for key, setting in AcpSettings.declared().items():
         raw = os.environ.get(f"ACP_{key}")
         if raw is None or key in ("AGENT", "CORS_ALLOWED_ORIGINS"):
             continue
+        # A number setting whose default is None (no limit) still reads as its kind.
+        default = setting.default if setting.default is not None else getattr(setting, "kind", str)(1)
         if raw.lower() == "none":
             values[key] = None
         elif isinstance(default, bool):

@@ -20,7 +20,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 
-from tests.live import DaphneServer
+from tests.live import DaphneServer, RunnerProcess
 
 
 def _redis_answers(port: int) -> bool:
@@ -158,12 +158,21 @@ class Cluster:
     size: int = 3
     env: dict[str, str] = field(default_factory=dict)
     workers: list[DaphneServer] = field(default_factory=list)
+    #: With runners (AGENT_HOSTS "runners"): this many `manage.py acp_runner` processes host the
+    #: agents, the workers none.
+    runner_count: int = 0
+    runners: list[RunnerProcess] = field(default_factory=list)
     balancer: Balancer | None = None
     #: Every worker's log lines, in arrival order (one list shared by all workers).
     log: list[str] = field(default_factory=list)
 
     def start(self) -> Cluster:
         env = {"REDIS_URL": self.redis.url, "ACP_REDIS_PREFIX": f"acp-test-{uuid.uuid4().hex[:8]}:", **self.env}
+        if self.runner_count:
+            env["ACP_AGENT_HOSTS"] = "runners"
+        self.env = env
+        for _ in range(self.runner_count):
+            self.add_runner()
         self.workers = [DaphneServer(env=dict(env), log=self.log).spawn() for _ in range(self.size)]
         for worker in self.workers:
             worker.wait_listening()
@@ -174,6 +183,12 @@ class Cluster:
                 urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/ready", timeout=10).close()
         self.balancer = Balancer([worker.port for worker in self.workers]).start()
         return self
+
+    def add_runner(self, **env: str) -> RunnerProcess:
+        """Start one more runner of this cluster (started: it announced itself)."""
+        runner = RunnerProcess(env={**self.env, **env}, log=self.log).start()
+        self.runners.append(runner)
+        return runner
 
     @property
     def port(self) -> int:
@@ -194,5 +209,5 @@ class Cluster:
     def stop(self) -> None:
         if self.balancer is not None:
             self.balancer.stop()
-        for worker in self.workers:
+        for worker in [*self.workers, *self.runners]:
             worker.stop()

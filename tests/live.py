@@ -56,6 +56,7 @@ class ServerProcess:
     port: int = 0
     process: subprocess.Popen[str] | Forked | None = None
     log: list[str] = field(default_factory=list)
+    started: bool = False
 
     #: Serve https:// and wss:// with this certificate (where the server supports it).
     tls: DevCertificate | None = None
@@ -86,7 +87,7 @@ class ServerProcess:
         return self
 
     def wait_listening(self, timeout: float = 30.0) -> Self:
-        if not self._listening.wait(timeout) or not self.port:
+        if not self._listening.wait(timeout) or not self.started:
             self.stop()
             raise RuntimeError(f"{self.command()[0]} did not start:\n" + "".join(self.log))
         return self
@@ -108,10 +109,15 @@ class ServerProcess:
         assert output is not None
         for line in output:
             self.log.append(line)
-            if not self.port and (match := self.listening.search(line)):
-                self.port = int(match.group(1))
+            if not self.started and (match := self.listening.search(line)):
+                self.ready(match)
+                self.started = True
                 ready.set()
         ready.set()
+
+    def ready(self, match: re.Match[str]) -> None:
+        """The process said it listens (`listening` matched)."""
+        self.port = int(match.group(1))
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -161,12 +167,28 @@ class DaphneServer(ServerProcess):
     def popen(self, argv: list[str], cwd: Path, env: dict[str, str] | None) -> subprocess.Popen[str] | Forked:
         if self.exec or not forkserver.enabled():
             return super().popen(argv, cwd, env)
-        assert env is not None and argv[1:3] == ["-m", "daphne"]
+        assert env is not None and argv[1] == "-m"
         return forkserver.forkserver().spawn(argv[2:], cwd, env)
 
     def errors(self) -> list[str]:
         """Tracebacks and server errors in the log (a 500 must never happen silently)."""
         return [line for line in self.log if "Traceback" in line or " 500 " in line]
+
+
+@dataclass
+class RunnerProcess(DaphneServer):
+    """`python manage.py acp_runner` (as `python -m django acp_runner`): hosts agents for web
+    workers with AGENT_HOSTS "runners", serves no HTTP; `runner_id` once it is ready."""
+
+    listening: ClassVar[re.Pattern[str]] = re.compile(r"acp runner (\w+) ready")
+    runner_id: str = ""
+
+    def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
+        _, cwd, env = super().command()
+        return [sys.executable, "-m", "django", "acp_runner"], cwd, env
+
+    def ready(self, match: re.Match[str]) -> None:
+        self.runner_id = match.group(1)
 
 
 @dataclass

@@ -121,8 +121,13 @@ FLOAT_SETTINGS = [
     ("HEADER_TIMEOUT_SECONDS", "acp_channels.E019"),
     ("BODY_TIMEOUT_SECONDS", "acp_channels.E020"),
 ]
-OPTIONAL = {"INITIALIZE_TIMEOUT", "MAX_CONNECTIONS"}
-ALL_NUMBERS = [*INT_SETTINGS, *FLOAT_SETTINGS, ("MAX_CONNECTIONS", "acp_channels.E006")]
+OPTIONAL = {"INITIALIZE_TIMEOUT", "MAX_CONNECTIONS", "MAX_STDIO_AGENTS"}
+ALL_NUMBERS = [
+    *INT_SETTINGS,
+    *FLOAT_SETTINGS,
+    ("MAX_CONNECTIONS", "acp_channels.E006"),
+    ("MAX_STDIO_AGENTS", "acp_channels.E040"),
+]
 
 
 @pytest.mark.parametrize(("key", "check_id"), ALL_NUMBERS)
@@ -188,6 +193,28 @@ def test_every_bad_value_is_reported(settings: Any) -> None:
         "acp_channels.E007",
         "acp_channels.W001",
     ]
+
+
+@pytest.mark.parametrize("value", ["runner", "", None, 2], ids=repr)
+def test_agent_hosts_is_workers_or_runners(settings: Any, value: Any) -> None:
+    acp(settings, AGENT_HOSTS=value)
+    assert check_ids() == ["acp_channels.E038"]
+
+
+@pytest.mark.parametrize("bad", [-1, "10", None], ids=repr)
+def test_runner_drain_seconds_is_a_non_negative_number(settings: Any, bad: Any) -> None:
+    acp(settings, RUNNER_DRAIN_SECONDS=bad)
+    assert check_ids() == ["acp_channels.E039"]
+
+
+def test_runners_need_a_shared_channel_layer(settings: Any) -> None:
+    acp(settings, AGENT_HOSTS="runners")
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    assert check_ids() == ["acp_channels.E041"]
+    settings.CHANNEL_LAYERS = {}
+    assert check_ids() == ["acp_channels.E041"]
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "acp_channels.layers.RedisChannelLayer"}}
+    assert check_ids() == []
 
 
 def test_connection_budget_larger_than_worker_budget_warns(settings: Any) -> None:

@@ -47,7 +47,7 @@ def application() -> Any:
 
 async def test_a_new_connection_is_this_workers_with_the_settings_limits() -> None:
     before = len(registry)
-    connection = open_connection("http", ADA, "192.0.2.7")
+    connection = await open_connection("http", ADA, "192.0.2.7")
     try:
         host = registry.get(connection.connection_id)
         assert host is connection.host
@@ -64,20 +64,20 @@ async def test_a_new_connection_is_this_workers_with_the_settings_limits() -> No
 async def test_a_draining_worker_opens_nothing(draining: None) -> None:
     before = len(registry)
     with pytest.raises(ShuttingDown):
-        open_connection("websocket", ANONYMOUS, None)
+        await open_connection("websocket", ANONYMOUS, None)
     assert len(registry) == before
 
 
 async def test_the_worker_caps_and_the_principals_quota(settings: Any) -> None:
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "MAX_CONNECTIONS_PER_PRINCIPAL": 1}
-    first = open_connection("http", ADA, None)
+    first = await open_connection("http", ADA, None)
     try:
         with pytest.raises(QuotaExceeded) as quota:
-            open_connection("websocket", ADA, None)
+            await open_connection("websocket", ADA, None)
         assert quota.value.limit == 1
         settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "MAX_CONNECTIONS": len(registry)}
         with pytest.raises(ServerFull) as full:
-            open_connection("http", ANONYMOUS, None)
+            await open_connection("http", ANONYMOUS, None)
         assert full.value.reason == "connections"
     finally:
         await first.abandon()
@@ -89,7 +89,7 @@ async def test_an_agent_that_cannot_start_is_logged_once_with_its_cause(
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": "tests.wire_agent.broken"}
     before = len(registry)
     with caplog.at_level(logging.ERROR, logger="acp_channels.gateway"), pytest.raises(AgentNotStarted) as failed:
-        open_connection("http", ANONYMOUS, None)
+        await open_connection("http", ANONYMOUS, None)
     assert isinstance(failed.value.__cause__, RuntimeError)
     assert len(registry) == before
     logged = [record for record in caplog.records if record.name == "acp_channels.gateway"]
@@ -126,3 +126,18 @@ async def test_a_reattach_while_draining_is_told_to_try_again(application: Any, 
     assert accepted  # no denial-response extension here: accepted, then closed with 4000 + 503
     closing = await communicator.receive_output(TIMEOUT)
     assert closing == {"type": "websocket.close", "code": 4503, "reason": "this server is shutting down; connect again"}
+
+
+async def test_stdio_agents_have_a_cap_of_their_own(settings: Any) -> None:
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "MAX_STDIO_AGENTS": 1}
+    connections = [await open_connection("http", ANONYMOUS, None) for _ in range(2)]  # in-process: not counted
+    try:
+        # With a command for AGENT every connection is a process: the cap is checked before
+        # the next one would start.
+        settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT": {"command": ["cat"]}}
+        with pytest.raises(ServerFull) as full:
+            await open_connection("websocket", ANONYMOUS, None)
+        assert (full.value.reason, full.value.retry_after, full.value.status) == ("stdio", 10, 503)
+    finally:
+        for connection in connections:
+            await connection.abandon()

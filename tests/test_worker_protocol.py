@@ -25,6 +25,7 @@ from acp_channels._worker_protocol import (
     PUSH_CREDIT_BATCHES,
     REPLIES,
     Acknowledge,
+    AgentFailed,
     Alive,
     Busy,
     Closed,
@@ -42,6 +43,9 @@ from acp_channels._worker_protocol import (
     ListConnections,
     Malformed,
     Op,
+    Open,
+    Opened,
+    OpenRefused,
     Probe,
     Pushed,
     PushEnded,
@@ -70,6 +74,8 @@ ALICE = Principal("user", "7", "alice")
 INFO = ConnectionInfo("c.0123456789ab", "0123456789ab", "user:alice", "http", 2, 1.5, 0.25, 300, 4242)
 
 SAMPLE_OPS: list[Op] = [
+    Open("c1", ALICE, "http", "10.0.0.1", '{"jsonrpc":"2.0","id":0,"method":"initialize"}', "0"),
+    Open("c1", ALICE, "websocket", None, None, None),
     Submit("c1", ALICE, '{"jsonrpc":"2.0","id":1,"method":"x"}', (("1", "s1"), ("2", None)), ("s1",), "s1"),
     Submit("c1", ALICE, "[]", (), (), None),
     SubmitOnSocket("c1", ALICE, "text", "lease-1"),
@@ -87,6 +93,11 @@ SAMPLE_OPS: list[Op] = [
     EndConnection("c1"),
 ]
 SAMPLE_REPLIES: list[Reply] = [
+    Opened('{"jsonrpc":"2.0","id":0,"result":{}}', True),
+    Opened("", True),
+    OpenRefused("draining"),
+    OpenRefused("quota", 32),
+    AgentFailed(),
     Submitted(),
     SocketSubmitted(True),
     Replied(),

@@ -16,6 +16,7 @@ from acp_channels._gateway.handles import (
     logger,
     owned_host,
 )
+from acp_channels._gateway.placement import PlacedConnection
 from acp_channels._gateway.remote import RemoteHandle
 from acp_channels._gateway.serve import release_if_reader_gone
 from acp_channels._host import (
@@ -55,17 +56,38 @@ def admission_refusal() -> ShuttingDown | ServerFull | None:
     return registry.full()
 
 
-def open_connection(transport: TransportKind, principal: Principal, remote_address: str | None) -> NewConnection:
-    """Admit and open a connection hosted by this worker, owned by `principal`, with a new agent
+async def open_connection(
+    transport: TransportKind, principal: Principal, remote_address: str | None
+) -> NewConnection | PlacedConnection:
+    """A new connection owned by `principal`: hosted here (AGENT_HOSTS "workers"), or placed on
+    a runner (docs/runners.md). A WebSocket's is open when this returns; an HTTP one's once
+    its `initialize` is answered (a runner is chosen then, with the initial frame).
+
+    Raises ShuttingDown (this worker drains), QuotaExceeded, ServerFull, AgentNotStarted (see
+    `open_here`; with runners: `PlacedConnection.open`)."""
+    if lifecycle.draining:
+        raise ShuttingDown
+    if acp_settings.AGENT_HOSTS == "runners":
+        placed = PlacedConnection(transport, principal, remote_address)
+        if transport == "websocket":
+            await placed.open()
+        return placed
+    return open_here(transport, principal, remote_address)
+
+
+def open_here(
+    transport: TransportKind, principal: Principal, remote_address: str | None, connection_id: str | None = None
+) -> NewConnection:
+    """Admit and open a connection hosted by this process, owned by `principal`, with a new agent
     from the `AGENT` setting and the connection's limits from the settings.
 
-    Raises ShuttingDown (this worker drains), QuotaExceeded (the principal holds
-    MAX_CONNECTIONS_PER_PRINCIPAL here), ServerFull (MAX_CONNECTIONS, or the worker's output
-    budget; its `reason` says which) or AgentNotStarted (the agent factory failed).
+    Raises ShuttingDown (this process drains), QuotaExceeded (the principal holds
+    MAX_CONNECTIONS_PER_PRINCIPAL here), ServerFull (MAX_CONNECTIONS, MAX_STDIO_AGENTS or the
+    output budget; its `reason` says which) or AgentNotStarted (the agent factory failed).
     """
     if lifecycle.draining:
         raise ShuttingDown
-    connection_id = new_connection_id()
+    connection_id = connection_id or new_connection_id()
     try:
         host = registry.create(
             create_agent_channel,
@@ -101,7 +123,11 @@ class NewConnection:
         """The connection was never accepted (initialize failed, or the client left): end it."""
         await self.host.terminate("initialize failed")
 
-    def attach_first_socket(self) -> SocketAttachment:
+    def start(self) -> None:
+        """Start relaying the agent's output (a WebSocket connection's, before its socket)."""
+        self.host.start()
+
+    async def attach_first_socket(self) -> SocketAttachment:
         """Start relaying the agent's output to the WebSocket that opened the connection."""
         self.host.start()
         return LocalSocket.first(self.host)

@@ -162,6 +162,8 @@ class RemoteStream:
         self._end: PushEnded | None = None
         self._arrived = asyncio.Event()
         self._ack_timer: asyncio.TimerHandle | None = None
+        #: When the next KeepAlive is due (loop time), from the first take on.
+        self._keep_alive_at: float | None = None
         #: When the keep-alives began to fail (WorkerBusy, LayerUnavailable), if they do.
         self._failing_since: float | None = None
         #: Why `take` returned None.
@@ -190,7 +192,10 @@ class RemoteStream:
         self._wrote(self.returned)  # coming back: the batch handed out last is written
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        keep_alive_at = loop.time() + TAKE_WAIT
+        # Kept across takes: an SSE keep-alive shorter than TAKE_WAIT ends every take first, and
+        # a dead host would never be asked about.
+        if self._keep_alive_at is None:
+            self._keep_alive_at = loop.time() + TAKE_WAIT
         while not lifecycle.draining:  # a draining worker ends the streams it serves
             if self._batches:
                 batch = self._batches.popleft()
@@ -204,13 +209,13 @@ class RemoteStream:
             now = loop.time()
             if deadline is not None and now >= deadline:
                 return Delivery([], 0)
-            if now >= keep_alive_at:
+            if now >= self._keep_alive_at:
                 if not await self._keep_alive():
                     return None
-                keep_alive_at = loop.time() + TAKE_WAIT
+                self._keep_alive_at = loop.time() + TAKE_WAIT
                 continue
             self._arrived.clear()
-            wait = keep_alive_at - now if deadline is None else min(keep_alive_at, deadline) - now
+            wait = self._keep_alive_at - now if deadline is None else min(self._keep_alive_at, deadline) - now
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):  # not wait_for: see liveness.reply_or_gone
                     await self._arrived.wait()

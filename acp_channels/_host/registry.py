@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from acp_channels._agents.channel import AgentChannel
 from acp_channels._conf import acp_settings
@@ -28,6 +28,7 @@ class Registry:
         self._per_principal: dict[Principal, int] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.budget = WorkerBudget(lambda: acp_settings.MAX_WORKER_BUFFERED_BYTES)
+        self._empty_waiters: list[asyncio.Future[None]] = []
 
     def __len__(self) -> int:
         return len(self._hosts)
@@ -96,9 +97,16 @@ class Registry:
         max_connections = acp_settings.MAX_CONNECTIONS
         if max_connections is not None and len(self._hosts) >= max_connections:
             return ServerFull("connections")
+        max_stdio = acp_settings.MAX_STDIO_AGENTS
+        if max_stdio is not None and self.stdio_agents() >= max_stdio:
+            return ServerFull("stdio")
         if self.budget.full():
             return ServerFull("budget")
         return None
+
+    def stdio_agents(self) -> int:
+        """Connections whose agent is a process of its own (the AGENT setting is a command)."""
+        return len(self._hosts) if isinstance(acp_settings.AGENT, Mapping) else 0
 
     def connections_of(self, principal: Principal) -> int:
         """Connections `principal` holds on this worker (0 for ANONYMOUS: not counted)."""
@@ -134,6 +142,11 @@ class Registry:
         if self._hosts.get(host.connection_id) is not host:
             return
         del self._hosts[host.connection_id]
+        if not self._hosts:
+            for waiter in self._empty_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._empty_waiters.clear()
         if host.principal in self._per_principal:
             left = self._per_principal[host.principal] - 1
             if left:
@@ -149,6 +162,13 @@ class Registry:
             asyncio.get_running_loop().time() - host.opened_at,
             host.end_reason,
         )
+
+    async def wait_empty(self) -> None:
+        """Return once this process hosts no connection (a draining runner)."""
+        if self._hosts:
+            waiter = asyncio.get_running_loop().create_future()
+            self._empty_waiters.append(waiter)
+            await waiter
 
     async def terminate_all(self) -> None:
         for host in list(self._hosts.values()):

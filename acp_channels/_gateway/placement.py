@@ -1,0 +1,138 @@
+"""Where a new connection's agent runs when AGENT_HOSTS is "runners": on a live runner with room,
+the least loaded first (docs/runners.md).
+
+Each runner publishes its load with its heartbeat (`Heartbeat.runner_loads`: connections, room,
+draining); an edge reads that at most once per RUNNERS_FRESH per process, counts the
+connections it placed since, and asks the runners in order of load with an `Open` op. A runner
+that is full, draining, gone or too busy to take the call is skipped for the next one; when
+none takes the connection the client gets 503 with Retry-After (ServerFull("runners")). The
+connection's id names its runner, so every later request reaches it through `locate` like a
+connection on another worker.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Final
+
+from acp_channels import _protocol as protocol
+from acp_channels._conf import acp_settings
+from acp_channels._gateway.handles import TERMINATE_TIMEOUT, SocketAttachment, logger
+from acp_channels._gateway.remote import RemoteHandle
+from acp_channels._host import AgentEnded, InitializeReply, QuotaExceeded, ServerFull
+from acp_channels._identity import Principal, TransportKind
+from acp_channels._protocol import Frame
+from acp_channels._worker import bus, new_connection_id, worker_timeout
+from acp_channels._worker_protocol import (
+    AgentFailed,
+    Closed,
+    Open,
+    Opened,
+    OpenRefused,
+    Terminate,
+    describe,
+)
+from acp_channels.errors import AgentNotStarted, HostUnreachable, WorkerBusy, WorkerFailed
+
+#: How long an edge trusts the runners' published loads before reading them again.
+RUNNERS_FRESH: Final = 0.5
+#: An Open that waits for no agent (a WebSocket's) is answered within this many worker timeouts.
+OPEN_TIMEOUTS: Final = 2
+
+
+class RunnerView:
+    """This process's picture of the runners: their published loads, plus what it placed since."""
+
+    def __init__(self) -> None:
+        self._loads: dict[str, dict[str, Any]] = {}
+        self._read_at = -RUNNERS_FRESH
+        self._placed: dict[str, int] = {}
+
+    async def candidates(self) -> list[str]:
+        """Live runners that said they have room, the least loaded first."""
+        now = time.monotonic()
+        if now - self._read_at >= RUNNERS_FRESH:
+            bus.ensure_listening()  # connects the heartbeat's reading client
+            self._loads = await bus.heartbeat.runner_loads()
+            self._read_at, self._placed = now, {}
+        open_to_us = [runner for runner, load in self._loads.items() if load.get("room") and not load.get("draining")]
+        return sorted(open_to_us, key=lambda runner: self._connections(runner))
+
+    def _connections(self, runner: str) -> int:
+        connections = self._loads[runner].get("connections", 0)
+        return (connections if isinstance(connections, int) else 0) + self._placed.get(runner, 0)
+
+    def placed(self, runner: str) -> None:
+        self._placed[runner] = self._placed.get(runner, 0) + 1
+
+    def refused(self, runner: str) -> None:
+        """The runner took no connection: not asked again until the loads are read again."""
+        self._loads.pop(runner, None)
+
+
+runners = RunnerView()
+
+
+class PlacedConnection:
+    """A new connection to be opened on a runner, as the edge that opens it uses it (the same
+    surface as a connection opened here, `local.NewConnection`)."""
+
+    def __init__(self, transport: TransportKind, principal: Principal, remote_address: str | None) -> None:
+        self.transport = transport
+        self.principal = principal
+        self.remote_address = remote_address
+        self.connection_id = ""
+        self.runner = ""
+
+    async def open(self, text: str | None = None, init_id: str | None = None) -> Opened:
+        """Place the connection on the first runner that takes it. Raises ServerFull("runners")
+        (none did), QuotaExceeded (every runner with room holds the principal's quota),
+        AgentNotStarted, AgentEnded (the agent closed before answering initialize),
+        LayerUnavailable or WorkerFailed."""
+        timeout = (acp_settings.INITIALIZE_TIMEOUT or 24 * 3600.0) if text is not None else 0.0
+        quota: QuotaExceeded | None = None
+        for runner in await runners.candidates():
+            self.runner, self.connection_id = runner, new_connection_id(runner)
+            op = Open(self.connection_id, self.principal, self.transport, self.remote_address, text, init_id)
+            try:
+                reply = await bus.call(runner, op, timeout=timeout + OPEN_TIMEOUTS * worker_timeout(), receipt=True)
+            except (HostUnreachable, WorkerBusy) as error:  # gone, or too busy to take it: the next
+                logger.warning("runner %s did not take a new connection: %s", runner, error)
+                runners.refused(runner)
+                continue
+            if isinstance(reply, Opened):
+                runners.placed(runner)
+                return reply
+            if isinstance(reply, OpenRefused):
+                runners.refused(runner)
+                if reply.reason == "quota":
+                    quota = QuotaExceeded(reply.limit)
+                continue
+            if isinstance(reply, AgentFailed):
+                raise AgentNotStarted(self.connection_id)
+            if isinstance(reply, Closed):
+                raise AgentEnded("agent closed before initialize response")
+            raise WorkerFailed(op.name, describe(reply), reply)
+        self.connection_id = ""
+        if quota is not None:
+            raise quota
+        raise ServerFull("runners")
+
+    async def initialize(self, frame: Frame, init_id: object) -> InitializeReply:
+        """Place the connection with its initial frame and return the agent's reply to
+        `init_id` (the runner waits for it)."""
+        opened = await self.open(protocol.serialize_frame(frame), json.dumps(init_id))
+        return InitializeReply(opened.body, opened.accepted)
+
+    async def abandon(self) -> None:
+        """The connection was never accepted: end it on its runner (if it got that far)."""
+        if self.connection_id:
+            try:
+                await bus.call(self.runner, Terminate(self.connection_id, self.principal), timeout=TERMINATE_TIMEOUT)
+            except Exception as error:  # it ends with its idle timeout at the latest
+                logger.warning("connection %s: could not end it on its runner: %s", self.connection_id, error)
+
+    async def attach_first_socket(self) -> SocketAttachment:
+        """The WebSocket that opened the connection takes its runner's socket outbox."""
+        return await RemoteHandle(self.runner, self.connection_id, self.principal).attach_socket(0)

@@ -1,0 +1,113 @@
+"""A runner: a process that hosts agents and serves no HTTP (`python manage.py acp_runner`,
+docs/runners.md).
+
+With AGENT_HOSTS = "runners" the web workers host no connection: each `initialize` (or
+WebSocket upgrade) is placed on a live runner with room (`_gateway.placement`), which creates
+the connection here (`serve_open`) under the same caps as a worker (MAX_CONNECTIONS,
+MAX_STDIO_AGENTS, the output budget, the principal's quota). Every later request reaches it
+through the channel layer like a connection hosted by another worker (`_gateway.serve`).
+
+The runner publishes its load with its heartbeat. On SIGTERM (or Ctrl-C) it drains: it says
+so in its load and refuses new connections, lets the ones it hosts go on until they end or
+RUNNER_DRAIN_SECONDS pass, then ends the rest ("shutdown") and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from acp_channels import _protocol as protocol
+from acp_channels._conf import acp_settings
+from acp_channels._gateway import AgentClosed, AgentEnded, AgentNotStarted, QuotaExceeded, ServerFull, ShuttingDown
+from acp_channels._gateway.local import open_here
+from acp_channels._host import registry
+from acp_channels._lifecycle import lifecycle
+from acp_channels._worker import WORKER_ID, bus
+from acp_channels._worker_protocol import AgentFailed, Closed, Open, Opened, OpenRefused, Reply
+
+logger = logging.getLogger("acp_channels.runner")
+
+
+def load() -> dict[str, Any]:
+    """What this runner publishes for placement (read on its event loop)."""
+    refusal = registry.full()
+    return {
+        "connections": len(registry),
+        "stdio_agents": registry.stdio_agents(),
+        "room": refusal is None and not lifecycle.draining,
+        "draining": lifecycle.draining,
+    }
+
+
+async def serve_open(op: Open) -> Reply:
+    """Create a connection an edge placed here; for HTTP, answer with the agent's reply to its
+    initialize (the edge applies INITIALIZE_TIMEOUT and ends the connection when it gives up)."""
+    try:
+        connection = open_here(op.transport, op.principal, op.remote_address, op.connection)  # type: ignore[arg-type]
+    except ShuttingDown:
+        return OpenRefused("draining")
+    except QuotaExceeded as error:
+        return OpenRefused("quota", error.limit)
+    except ServerFull as error:
+        return OpenRefused(error.reason)
+    except AgentNotStarted:
+        return AgentFailed()  # logged by open_here
+    if op.text is None or op.init_id is None:
+        connection.start()
+        return Opened("", True)
+    frame = await protocol.read_frame(op.text)
+    try:
+        reply = await connection.initialize(frame, json.loads(op.init_id))
+    except (AgentClosed, AgentEnded):
+        await connection.abandon()
+        return Closed()
+    except BaseException:
+        await asyncio.shield(connection.abandon())
+        raise
+    if not reply.accepted:
+        await connection.abandon()
+    return Opened(reply.body, reply.accepted)
+
+
+async def drain(deadline: float) -> None:
+    """Take no new connection; wait for the hosted ones to end, at most `deadline` seconds; then
+    end the rest."""
+    lifecycle.draining = True
+    logger.info("runner %s draining: %d connections", WORKER_ID, len(registry))
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(deadline):
+            await registry.wait_empty()
+    if len(registry):
+        logger.info("runner %s: drain deadline passed, ending %d connections", WORKER_ID, len(registry))
+        await registry.terminate_all()
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+async def run(announce: Callable[[str], object] = _to_stderr) -> None:
+    """Serve placements until SIGTERM or SIGINT, then drain and return. `announce` gets one line
+    once the runner takes placements (what process managers and tests wait for)."""
+    if not bus.shared:
+        raise RuntimeError("a runner needs a channel layer other processes share (CHANNEL_LAYERS on Redis)")
+    bus.handle(Open, serve_open)
+    bus.load = load
+    bus.ensure_listening()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    announce(f"acp runner {WORKER_ID} ready (pid {os.getpid()})")
+    await stop.wait()
+    await drain(acp_settings.RUNNER_DRAIN_SECONDS)
+    await bus.stop()
+    logger.info("runner %s stopped", WORKER_ID)

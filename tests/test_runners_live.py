@@ -1,0 +1,222 @@
+"""Agents on runners (AGENT_HOSTS "runners", docs/runners.md): two web workers that host no agent,
+behind a round-robin balancer, and `manage.py acp_runner` processes sharing Redis with them.
+
+Placement (least loaded first, capacity, 503 when no runner has room), both transports through
+an edge and a runner, a web worker killed under a reader (it resumes on the other, nothing lost
+or repeated), a runner drained by SIGTERM mid-turn (the turn finishes, new connections go
+elsewhere), and a runner killed outright (its clients get an error, not a hang, and a new
+connection lands on another runner)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.cluster import Cluster, RedisServer
+from tests.live import ROOT, SSE, initialize, open_sse, post, rpc, wait_for_line
+
+WIRE = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5", "ACP_RUNNER_DRAIN_SECONDS": "1"}
+INITIALIZE = rpc(0, "initialize", {"protocolVersion": 1})
+
+
+def runner_of(connection_id: str) -> str:
+    return connection_id.rpartition(".")[2]
+
+
+@pytest.fixture(scope="module")
+def topology(redis_server: RedisServer) -> Iterator[Cluster]:
+    cluster = Cluster(redis_server, size=2, runner_count=2, env=WIRE).start()
+    yield cluster
+    cluster.stop()
+
+
+@contextlib.asynccontextmanager
+async def running(redis: RedisServer, runners: int = 2, **env: str) -> AsyncIterator[Cluster]:
+    """A topology of its own, for a test that stops a part of it."""
+    cluster = Cluster(redis, size=2, runner_count=runners, env={**WIRE, **env}).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def test_connections_are_placed_on_runners_the_least_loaded_first(
+    topology: Cluster, http: httpx.AsyncClient
+) -> None:
+    ids = [await initialize(http, topology.url) for _ in range(4)]
+    runners = {runner.runner_id for runner in topology.runners}
+    assert Counter(map(runner_of, ids)) == dict.fromkeys(runners, 2)
+    for connection_id in ids:
+        assert (await http.delete(topology.url, headers={"Acp-Connection-Id": connection_id})).status_code == 202
+
+
+async def test_every_request_reaches_the_runner_from_either_web_worker(
+    topology: Cluster, http: httpx.AsyncClient
+) -> None:
+    a, b = (worker.url for worker in topology.workers)
+    connection_id = await initialize(http, a)
+    assert runner_of(connection_id) in {runner.runner_id for runner in topology.runners}
+    async with open_sse(http, b, connection_id) as connection_stream, open_sse(http, a, connection_id, "s1") as s1:
+        assert (await post(http, b, rpc(1, "custom/echo", {"x": 1}), connection_id)).status_code == 202
+        assert (await connection_stream.next())["result"] == {"method": "custom/echo", "params": {"x": 1}}
+        burst = rpc(2, "test/burst", {"count": 2000, "sessionId": "s1"})
+        assert (await post(http, a, burst, connection_id)).status_code == 202
+        items = [await s1.next() for _ in range(2000)]
+        assert [item["params"]["n"] for item in items] == list(range(2000))
+        assert (await http.delete(b, headers={"Acp-Connection-Id": connection_id})).status_code == 202
+        await connection_stream.wait_ended()
+        await s1.wait_ended()
+    for url in (a, b):
+        assert (await post(http, url, rpc(3, "x"), connection_id)).status_code == 404
+    assert not topology.errors()
+
+
+async def test_a_websocket_connection_runs_on_a_runner(topology: Cluster) -> None:
+    async with connect(topology.ws_url, subprotocols=["acp"], proxy=None, open_timeout=10) as ws:  # type: ignore[list-item]
+        assert ws.response is not None
+        connection_id = ws.response.headers["Acp-Connection-Id"]
+        assert runner_of(connection_id) in {runner.runner_id for runner in topology.runners}
+        await ws.send(json.dumps(INITIALIZE))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 10))["result"]["protocolVersion"] == 1
+        await ws.send(json.dumps(rpc(1, "test/burst", {"count": 500})))
+        received = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in range(501)]
+        assert [item["params"]["n"] for item in received[:500]] == list(range(500))
+        assert received[500]["id"] == 1
+
+
+async def test_the_connections_command_lists_what_the_runners_host(topology: Cluster, http: httpx.AsyncClient) -> None:
+    connection_id = await initialize(http, topology.url)
+    env = {**os.environ, **topology.env, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "manage.py", "acp_connections", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert {runner.runner_id for runner in topology.runners} <= set(document["workers"])
+    (listed,) = [info for info in document["connections"] if info["connection_id"] == connection_id]
+    assert listed["worker"] == runner_of(connection_id)
+    assert (await http.delete(topology.url, headers={"Acp-Connection-Id": connection_id})).status_code == 202
+
+
+async def test_no_runner_with_room_is_503_with_retry_after(redis_server: RedisServer, http: httpx.AsyncClient) -> None:
+    async with running(redis_server, ACP_MAX_CONNECTIONS="1") as cluster:
+        ids = [await initialize(http, cluster.url) for _ in range(2)]
+        assert {runner_of(connection_id) for connection_id in ids} == {r.runner_id for r in cluster.runners}
+        for worker in cluster.workers:
+            refused = await post(http, worker.url, INITIALIZE)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["Retry-After"] == "5" and "runner" in refused.text
+        async with connect(cluster.ws_url, subprotocols=["acp"], proxy=None, open_timeout=10) as ws:  # type: ignore[list-item]
+            await ws.wait_closed()
+            assert ws.close_code == 1013  # try again later
+        # Room again once one ends: the next initialize is placed where it was freed.
+        assert (await http.delete(cluster.url, headers={"Acp-Connection-Id": ids[0]})).status_code == 202
+        assert runner_of(await eventually_initialized(http, cluster.url)) == runner_of(ids[0])
+
+
+async def eventually_initialized(http: httpx.AsyncClient, url: str) -> str:
+    """Initialize, again while the answer is 503 (a freed runner's load reaches the edges with its
+    next heartbeat)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:
+        response = await post(http, url, INITIALIZE)
+        if response.status_code != 503 or loop.time() > deadline:
+            assert response.status_code == 200, response.text
+            return response.headers["Acp-Connection-Id"]
+        await asyncio.sleep(0.1)  # the load is published every 0.5 s: nothing to await here
+
+
+async def test_web_worker_killed_under_a_reader_loses_nothing(
+    redis_server: RedisServer, http: httpx.AsyncClient
+) -> None:
+    async with running(redis_server) as cluster:
+        a, b = cluster.workers
+        connection_id = await initialize(http, b.url)
+        async with open_sse(http, a.url, connection_id, "s") as reader:
+            assert (
+                await post(http, b.url, rpc(1, "test/burst", {"count": 5000, "sessionId": "s"}), connection_id)
+            ).status_code == 202
+            first = [await reader.next() for _ in range(1000)]
+            last_id = reader.last_id
+            assert a.process is not None and last_id is not None
+            a.process.send_signal(signal.SIGKILL)
+            a.process.wait()
+        async with open_sse(http, b.url, connection_id, "s", **{"Last-Event-ID": last_id}) as resumed:
+            rest = [await resumed.next() for _ in range(4001)]
+        numbers = [event["params"]["n"] for event in [*first, *rest[:4000]]]
+        assert numbers == list(range(5000))  # each once, in order
+        assert rest[4000]["id"] == 1
+
+
+async def test_sigterm_drains_a_runner_the_turn_finishes_and_new_connections_go_elsewhere(
+    redis_server: RedisServer, http: httpx.AsyncClient
+) -> None:
+    async with running(redis_server, ACP_RUNNER_DRAIN_SECONDS="30") as cluster:
+        connection_id = await initialize(http, cluster.url)
+        draining = next(runner for runner in cluster.runners if runner.runner_id == runner_of(connection_id))
+        other = next(runner for runner in cluster.runners if runner is not draining)
+        async with open_sse(http, cluster.url, connection_id, "s") as stream:
+            ask = rpc(1, "test/ask", {"askId": "q-1", "sessionId": "s"})
+            assert (await post(http, cluster.url, ask, connection_id, "s")).status_code == 202
+            assert (await stream.next())["method"] == "test/question"
+            assert draining.process is not None
+            draining.process.send_signal(signal.SIGTERM)
+            await wait_for_line(cluster, f"runner {draining.runner_id} draining")
+            # The draining runner goes on serving its connection...
+            assert (await stream.next())["id"] == 1
+            answer = {"jsonrpc": "2.0", "id": "q-1", "result": {"ok": True}}
+            assert (await post(http, cluster.url, answer, connection_id, "s")).status_code == 202
+            assert (await post(http, cluster.url, rpc(2, "custom/echo"), connection_id, "s")).status_code == 202
+            assert (await stream.next())["id"] == 2
+            # ...and takes no new one.
+            for _ in range(4):
+                assert runner_of(await initialize(http, cluster.url)) == other.runner_id
+            assert (await http.delete(cluster.url, headers={"Acp-Connection-Id": connection_id})).status_code == 202
+        # Its last connection ended: it exits well before its drain deadline.
+        assert await asyncio.to_thread(draining.process.wait, 10) == 0
+        assert not cluster.errors()
+
+
+async def test_a_runner_killed_outright_is_an_error_at_once_and_the_next_connection_goes_elsewhere(
+    redis_server: RedisServer, http: httpx.AsyncClient
+) -> None:
+    async with running(redis_server) as cluster:
+        connection_id = await initialize(http, cluster.url)
+        killed = next(runner for runner in cluster.runners if runner.runner_id == runner_of(connection_id))
+        other = next(runner for runner in cluster.runners if runner is not killed)
+        async with open_sse(http, cluster.url, connection_id) as reader:
+            assert killed.process is not None
+            killed.process.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(killed.process.wait, 10)
+            fast = httpx.Timeout(2.0)  # an error at once, never a hang
+            for worker in cluster.workers:
+                response = await http.post(
+                    worker.url,
+                    headers={"Content-Type": "application/json", "Acp-Connection-Id": connection_id},
+                    content=json.dumps(rpc(1, "custom/ping")).encode(),
+                    timeout=fast,
+                )
+                assert response.status_code == 404
+                response = await http.get(worker.url, headers={**SSE, "Acp-Connection-Id": connection_id}, timeout=fast)
+                assert response.status_code == 404
+            await reader.wait_ended(15)
+        # The client's restart path: a new connection, on the runner that is left.
+        assert runner_of(await initialize(http, cluster.url)) == other.runner_id
