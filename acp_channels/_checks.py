@@ -383,7 +383,7 @@ def check_channel_layer(app_configs: Sequence[AppConfig] | None = None, **kwargs
 
 
 #: What a backend needs that the `redis` extra installs.
-_REDIS_EXTRA_MODULES: Final = frozenset({"channels_redis", "redis", "msgpack"})
+_REDIS_EXTRA_MODULES: Final = frozenset({"redis", "msgpack"})
 
 
 def _check_layer_backends(layers: Mapping[str, Any]) -> list[CheckMessage]:
@@ -406,7 +406,7 @@ def _check_layer_backends(layers: Mapping[str, Any]) -> list[CheckMessage]:
         except Exception as error:  # ImportError, or the module itself failing to import
             missing = (getattr(error, "name", None) or "") if isinstance(error, ImportError) else ""
             hint = (
-                'Install the redis extra: pip install "acp-channels[redis]" (channels-redis and redis).'
+                'Install the redis extra: pip install "acp-channels[redis]" (redis-py and msgpack).'
                 if missing.partition(".")[0] in _REDIS_EXTRA_MODULES
                 else "BACKEND must be the dotted path of a channel layer class that imports."
             )

@@ -265,16 +265,11 @@ async def reply_or_gone(
 
 
 def _client(host: dict[str, Any], *, single_connection: bool = False) -> Any:
-    """A Redis client with a small pool of its own for one channels-redis host entry: heartbeats
-    and checks must not queue behind (or starve) the layer's traffic."""
+    """A Redis client with a small pool of its own for the layer's host entry: heartbeats and
+    checks must not queue behind (or starve) the layer's traffic."""
     from redis.asyncio import Redis
 
-    from acp_channels.layers import blocking_pool
+    from acp_channels._streams_layer import connection_pool
 
-    if "master_name" in host:
-        from channels_redis.utils import create_pool
-
-        pool = create_pool(host)
-    else:
-        pool = blocking_pool({**host, "max_connections": CHECK_POOL_SIZE}, CHECK_POOL_SIZE, CHECK_TIMEOUT)
+    pool = connection_pool({**host, "max_connections": CHECK_POOL_SIZE}, CHECK_POOL_SIZE, CHECK_TIMEOUT)
     return Redis(connection_pool=pool, single_connection_client=single_connection)

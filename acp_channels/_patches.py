@@ -81,10 +81,6 @@ Twisted or autobahn):
   appends a `LoopCloser` to a response's private `_resource_closers`.
 - channels: `consumers.AcpWebsocketConsumer.dispatch` overrides `AsyncConsumer.dispatch`,
   skipping channels' `close_old_connections` (a thread hop per frame) for `websocket.receive`.
-- channels-redis: `layers.RedisChannelLayer` overrides `create_pool` (a waiting pool) and `send`
-  (channels-redis's four commands as one script, with its keys, capacity and expiry, and its
-  private `_send_index_generator`); `worker.RedisInbox` keeps the worker inboxes in keys of its
-  own beside the layer's, with the layer's prefix, expiry, capacity and serializer.
 - the acp SDK (pinned ==): `agents.sdk.SdkAgentChannel` wraps the private
   `AgentSideConnection._conn._handler` and closes `_conn`.
 - httpcore (the client only): `client.h2_transport` subclasses the private
@@ -121,7 +117,6 @@ TESTED_VERSIONS: Final[dict[str, tuple[str, str]]] = {
     "daphne": ("4.2", "4.3"),
     "Twisted": ("26.10", "26.11"),
     "autobahn": ("26.11", "26.12"),
-    "channels-redis": ("4.3", "4.4"),
 }
 
 

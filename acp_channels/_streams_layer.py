@@ -24,8 +24,10 @@ The whole Channels layer interface (`send`, `receive`, `new_channel`, `group_add
   oldest message is dropped, with a WARNING.
 
 Redis clients are per event loop (redis-py's connections belong to the loop that made them), so
-the layer works under `async_to_sync` as well. Not yet used by acp-channels' own routing: the
-runner tier will route through it.
+the layer works under `async_to_sync` as well; each is a pool of `pool_size` connections that
+waits up to `pool_timeout` for a free one. acp-channels routes every call between workers and
+runners through it: a worker's inbox is a process-specific channel named after the worker
+(`name_this_process`).
 """
 
 from __future__ import annotations
@@ -42,12 +44,19 @@ import msgpack
 from channels.exceptions import ChannelFull
 from channels.layers import BaseChannelLayer
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 __all__ = ["StreamsChannelLayer"]
 
 logger = logging.getLogger("acp_channels.layers")
 
+#: Connections one process keeps to Redis (redis-py's usual cap), and how long a command waits
+#: for a free one before it fails (the request then gets 503).
+DEFAULT_POOL_SIZE: Final = 100
+DEFAULT_POOL_TIMEOUT: Final = 20.0
+#: How long a reply from Redis may take to be read: longer than a blocking read (BLOCK_MS).
+DEFAULT_SOCKET_TIMEOUT: Final = 30.0
 #: The consumer group every receiver of an ordinary channel reads through.
 RECEIVERS: Final = "receivers"
 #: How long one blocking read waits before it is issued again (a dropped connection or a stream
@@ -80,6 +89,27 @@ return full
 """
 
 
+def connection_pool(host: str | dict[str, Any], size: int, timeout: float | None) -> Any:
+    """A redis-py connection pool for one host entry (a URL, `{"address": url, ...}` or a dict of
+    connection arguments; Sentinel: `{"sentinels": [(host, port)...], "master_name": ...,
+    "sentinel_kwargs": {...}}`) that waits up to `timeout` for a free connection past `size`
+    (`max_connections` in the entry or its URL wins); replies may take DEFAULT_SOCKET_TIMEOUT
+    unless the entry says otherwise."""
+    from redis.asyncio import BlockingConnectionPool
+    from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+    options: dict[str, Any] = {"address": host} if isinstance(host, str) else dict(host)
+    size = int(options.pop("max_connections", size))
+    options.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
+    if "master_name" in options:
+        sentinel = Sentinel(options.pop("sentinels"), sentinel_kwargs=options.pop("sentinel_kwargs", None))
+        master = options.pop("master_name")
+        return SentinelConnectionPool(master, sentinel, max_connections=size, **options)  # type: ignore[no-untyped-call]
+    if "address" in options:
+        return BlockingConnectionPool.from_url(options.pop("address"), max_connections=size, timeout=timeout, **options)
+    return BlockingConnectionPool(max_connections=size, timeout=timeout, **options)
+
+
 def _client_of(channel: str) -> str:
     """The client part of a process-specific channel name (`<prefix>.<client>!<id>`)."""
     return channel[: channel.index("!")].rpartition(".")[2]
@@ -101,6 +131,8 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         group_expiry: int = 86400,
         capacity: int = 100,
         channel_capacity: dict[str, int] | None = None,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        pool_timeout: float | None = DEFAULT_POOL_TIMEOUT,
     ) -> None:
         super().__init__(expiry=expiry, capacity=capacity)
         self.channel_capacity = self.compile_capacities(channel_capacity or {})
@@ -108,11 +140,16 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         if len(hosts) != 1:
             raise ValueError("StreamsChannelLayer takes one Redis host (no sharding)")
         self.host = hosts[0]
+        self.pool_size = pool_size
+        self.pool_timeout = pool_timeout
         self.prefix = prefix
         self.key_prefix = f"{prefix}:"
         self.group_expiry = group_expiry
         self.client_prefix = secrets.token_hex(6)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Redis] = weakref.WeakKeyDictionary()
+        self._scripts: weakref.WeakKeyDictionary[Redis, AsyncScript] = weakref.WeakKeyDictionary()
+        #: Entries of this instance's own stream read and not yet deleted (deleted with the next read).
+        self._read_ids: list[bytes] = []
         self._consumer = f"{self.client_prefix}-{secrets.token_hex(4)}"
         # process-specific channels: what was read for each, and where the shared stream was read up to
         self._buffers: dict[str, collections.deque[dict[str, Any]]] = collections.defaultdict(collections.deque)
@@ -124,19 +161,27 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
 
     # -- connections ---------------------------------------------------------------------------
 
+    @property
+    def hosts(self) -> list[dict[str, Any]]:
+        """The Redis host entry as a list of one dict (channels-redis's shape, which the
+        heartbeat reads)."""
+        return [{"address": self.host} if isinstance(self.host, str) else dict(self.host)]
+
+    def name_this_process(self, name: str) -> None:
+        """Give this instance's process-specific channels a client name others know (a worker
+        id) instead of a random one: `<prefix>.<name>!<id>` then reaches this process from
+        any other. Call before the first receive."""
+        assert name and self.require_valid_channel_name(name) and "." not in name, name
+        self.client_prefix = name
+        self._consumer = f"{name}-{secrets.token_hex(4)}"
+
     def _client(self) -> Redis:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            options: dict[str, Any] = {"socket_timeout": BLOCK_MS / 1000 + 25}
-            if isinstance(self.host, str):
-                client = Redis.from_url(self.host, **options)
-            elif "address" in self.host:
-                extra = {key: value for key, value in self.host.items() if key != "address"}
-                client = Redis.from_url(self.host["address"], **{**options, **extra})
-            else:
-                client = Redis(**{**options, **self.host})
-            self._clients[loop] = client
+            pool = connection_pool(self.host, self.pool_size, self.pool_timeout)
+            client = self._clients[loop] = Redis(connection_pool=pool)
+            self._scripts[client] = client.register_script(_ADD)
         return client
 
     async def close_pools(self) -> None:
@@ -185,15 +230,10 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         arguments: list[Any] = []
         for channel in channels:
             arguments += [channel, int("!" in channel), self.get_capacity(channel)]
-        full: list[bytes] = await self._client().eval(
-            _ADD,
-            len(channels),
-            *(self._stream(channel) for channel in channels),
-            int(self.expiry * 1000),
-            self._ttl_ms(),
-            msgpack.packb(message, use_bin_type=True),
-            *arguments,
-        )
+        client = self._client()
+        keys = [self._stream(channel) for channel in channels]
+        values = [int(self.expiry * 1000), self._ttl_ms(), msgpack.packb(message, use_bin_type=True), *arguments]
+        full: list[bytes] = await self._scripts[client](keys, values)  # EVALSHA (the script loads once)
         return full
 
     def _ttl_ms(self) -> int:
@@ -270,7 +310,15 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         """Read what came for this instance's process-specific channels, sort it into their
         buffers, then delete it from the stream (a read cut short is read again)."""
         client = self._client()
-        reply: Any = await client.xread({stream: self._last_id}, count=100, block=BLOCK_MS)
+        read_ids, self._read_ids = self._read_ids, []
+        if read_ids:
+            # What the last read took goes in the same round trip as the next read.
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.xdel(stream, *read_ids)
+                pipe.xread({stream: self._last_id}, count=100, block=BLOCK_MS)
+                _, reply = await pipe.execute()
+        else:
+            reply = await client.xread({stream: self._last_id}, count=100, block=BLOCK_MS)
         if not reply:
             return
         entries = reply[0][1]
@@ -285,7 +333,7 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
             buffer.append(msgpack.unpackb(fields[b"m"], raw=False))
         last = entries[-1][0]
         self._last_id = last.decode() if isinstance(last, bytes) else last
-        await client.xdel(stream, *(entry_id for entry_id, _ in entries))
+        self._read_ids = [entry_id for entry_id, _ in entries]
 
     # -- groups --------------------------------------------------------------------------------
 

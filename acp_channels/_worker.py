@@ -39,7 +39,6 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from acp_channels._liveness import Heartbeat, WorkerGone, reply_or_gone
 from acp_channels._metrics import measured_call
-from acp_channels._redis_wire import RedisReplyError, RedisWire, Script
 from acp_channels._worker_protocol import (
     RECEIPT_AFTER,
     ErrorReply,
@@ -87,10 +86,6 @@ def lease_idle_limit() -> float:
     return TAKE_WAIT + worker_timeout() + SLOW_WORKER_PATIENCE + RECEIPT_GRACE
 
 
-def inbox_channel(worker_id: str) -> str:
-    return f"acp.worker.{worker_id}"
-
-
 def new_connection_id(worker_id: str = WORKER_ID) -> str:
     """A new connection id naming the process that hosts it (this one, or a runner)."""
     return f"{uuid.uuid4()}.{worker_id}"
@@ -114,93 +109,6 @@ SLOW_WORKER_PATIENCE: Final = 30.0
 RECEIPT_GRACE: Final = 5.0
 
 
-class RedisInbox:
-    """Worker inboxes as Redis lists on the channels-redis layer's (first) server.
-
-    The layer spends about ten Redis commands on a message, in sequential round trips (a send:
-    trim expired, count, add, expire; a receive: restore the backup queue, pop, back up,
-    clean), which made the cross-worker hop cost milliseconds on a busy machine. Here a send is
-    one script call (capacity check, push, expiry) and a receive one blocking pop of up to
-    RECEIVE_BATCH messages, each on a connection of its own (acp_channels._redis_wire: sends
-    pipeline on one socket, in order). The layer's serializer is used, so its settings
-    (encryption keys) apply; its capacity setting for the channel too (a full inbox raises
-    ChannelFull).
-    """
-
-    SEND = """
-        local length = redis.call('LLEN', KEYS[1])
-        if length >= tonumber(ARGV[2]) then return -1 end
-        redis.call('RPUSH', KEYS[1], ARGV[1])
-        redis.call('PEXPIRE', KEYS[1], ARGV[3])
-        return length + 1
-    """
-    RECEIVE_BATCH: Final = 64
-    #: The longest a receive blocks in Redis; well under the connection's read timeout (at most
-    #: a third of it), or a message Redis pops as the read times out is lost with the connection.
-    BLOCK_SECONDS: Final = 5.0
-
-    def __init__(self, layer: Any, sender: RedisWire, receiver: RedisWire) -> None:
-        self._layer = layer
-        self._prefix = str(getattr(layer, "prefix", "asgi"))
-        self._expiry_ms = int(float(getattr(layer, "expiry", 60)) * 1000)
-        self._sender = sender
-        # A blocking pop holds its connection: one of its own, never queued behind sends.
-        self._receiver = receiver
-        read_timeout = receiver.reply_timeout
-        self.block_seconds = self.BLOCK_SECONDS if not read_timeout else min(self.BLOCK_SECONDS, read_timeout / 3)
-        self._send_script = Script(self.SEND)
-
-    @classmethod
-    def for_layer(cls, layer: Any) -> RedisInbox | None:
-        """An inbox on the layer's Redis, or None for another kind of layer, or a host this
-        client cannot reach (Sentinel, a credential provider): the bus uses the layer then."""
-        hosts = getattr(layer, "hosts", None)
-        if not hosts or not hasattr(layer, "serialize") or not hasattr(layer, "deserialize"):
-            return None
-        if "master_name" in hosts[0]:
-            return None
-        pool = inbox_pool(layer)
-        sender, receiver = RedisWire.for_pool(pool), RedisWire.for_pool(pool)
-        if sender is None or receiver is None:
-            return None
-        return cls(layer, sender, receiver)
-
-    def _key(self, channel: str) -> str:
-        return f"{self._prefix}{channel}.inbox"
-
-    async def send(self, channel: str, message: dict[str, Any]) -> None:
-        capacity = self._layer.get_capacity(channel)
-        length = await self._send_script(
-            self._sender, [self._key(channel)], [self._layer.serialize(message), capacity, self._expiry_ms]
-        )
-        if int(length) < 0:
-            raise ChannelFull()
-
-    async def receive(self, channel: str) -> list[dict[str, Any]]:
-        """The next messages (waits up to block_seconds; empty if none came)."""
-        popped = await self._receiver.execute(
-            "BLMPOP",
-            self.block_seconds,
-            1,
-            self._key(channel),
-            "LEFT",
-            "COUNT",
-            self.RECEIVE_BATCH,
-            timeout=self.block_seconds + (self._receiver.reply_timeout or self.block_seconds),
-        )
-        if not popped:
-            return []
-        return [self._layer.deserialize(item) for item in popped[1]]
-
-
-def inbox_pool(layer: Any) -> Any:
-    """redis-py's reading of the layer's first host entry (address, db, credentials, TLS, a
-    patient read timeout: acp_channels.layers); the inbox connects with its settings."""
-    from acp_channels.layers import DEFAULT_POOL_TIMEOUT, blocking_pool
-
-    return blocking_pool(layer.hosts[0], 2, getattr(layer, "pool_timeout", DEFAULT_POOL_TIMEOUT))
-
-
 class Bus:
     """This process's end of the channel layer: its inbox, calls to other workers, and the
     handlers that serve calls made to it. Messages are built and read by
@@ -215,7 +123,6 @@ class Bus:
         self._handlers: dict[type[Op], OpHandler] = {}
         self._push_receivers: dict[str, PushReceiver] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._inbox: RedisInbox | None = None
         self.heartbeat = Heartbeat()
         #: False in a process that hosts no connection (a management command): it calls the
         #: workers and reads their replies, but has no heartbeat, so no worker counts it as one.
@@ -227,9 +134,26 @@ class Bus:
     @property
     def layer(self) -> Any:
         if self._layer is None:
-            self._layer = get_channel_layer()
-            self._inbox = RedisInbox.for_layer(self._layer)
+            self.use(get_channel_layer())
         return self._layer
+
+    def inbox(self, worker_id: str) -> str:
+        """A worker's inbox: on our Redis layer a process-specific channel named after the
+        worker (one stream per process, read in batches by it alone); on another layer an
+        ordinary channel."""
+        return f"acp.worker.{worker_id}!inbox" if self.named else f"acp.worker.{worker_id}"
+
+    def use(self, layer: Any) -> None:
+        """Reach the other workers through `layer` (the default channel layer unless told)."""
+        name_this_process = getattr(layer, "name_this_process", None)  # our Redis layer's
+        if name_this_process is not None:
+            name_this_process(WORKER_ID)
+        self._layer = layer
+
+    @property
+    def named(self) -> bool:
+        """Whether the layer's process-specific channels carry the worker id (our Redis layer)."""
+        return hasattr(self.layer, "name_this_process")
 
     @property
     def shared(self) -> bool:
@@ -272,11 +196,9 @@ class Bus:
         if receipt:
             received = self._receipts[request_id] = loop.create_future()
         take_within = SLOW_WORKER_PATIENCE if receipt else timeout
-        message = encode_op(
-            op, request_id, inbox_channel(WORKER_ID), receipt=receipt, expires=time.time() + take_within
-        )
+        message = encode_op(op, request_id, self.inbox(WORKER_ID), receipt=receipt, expires=time.time() + take_within)
         try:
-            await self.send(inbox_channel(worker_id), message)
+            await self.send(self.inbox(worker_id), message)
             try:
                 if received is None:
                     try:
@@ -313,7 +235,7 @@ class Bus:
 
     async def push(self, worker_id: str, push: Pushed | PushEnded) -> None:
         """A batch (or the end) for a reader on another worker: a direct send, in order."""
-        await self.send(inbox_channel(worker_id), encode_push(push))
+        await self.send(self.inbox(worker_id), encode_push(push))
 
     def receive_pushes(self, lease: str, receiver: PushReceiver | None) -> None:
         """Route the pushes for `lease` to `receiver` (None: stop)."""
@@ -328,15 +250,10 @@ class Bus:
         delay = 0.005
         while True:
             try:
-                layer, inbox = self.layer, self._inbox  # the layer first: it makes the inbox
-                if inbox is not None:
-                    # Cancellation-safe: a cancelled caller leaves the pipelined replies aligned.
-                    await inbox.send(channel, message)
-                else:
-                    # Shielded: redis-py can swallow a cancellation that arrives mid-command, and
-                    # a cancelled caller (a client that left) must stop at once. The send
-                    # finishes on its own; its message is harmless to a caller that is gone.
-                    await asyncio.shield(layer.send(channel, message))
+                # Shielded: redis-py can swallow a cancellation that arrives mid-command, and a
+                # cancelled caller (a client that left) must stop at once. The send finishes on
+                # its own; its message is harmless to a caller that is gone.
+                await asyncio.shield(self.layer.send(channel, message))
                 return
             except ChannelFull:
                 if time.monotonic() > deadline:
@@ -346,17 +263,17 @@ class Bus:
             except (OSError, ConnectionError) as error:
                 raise LayerUnavailable(str(error)) from error
             except Exception as error:
-                if isinstance(error, RedisReplyError) or type(error).__module__.startswith("redis"):
+                if type(error).__module__.startswith("redis"):
                     raise LayerUnavailable(str(error)) from error
                 raise
 
     def post(self, worker_id: str, op: Op) -> None:
         """Fire and forget (releases: ops that get no reply): failures are logged, never raised."""
-        message = encode_op(op, f"{WORKER_ID}-{next(self._ids)}", inbox_channel(WORKER_ID))
+        message = encode_op(op, f"{WORKER_ID}-{next(self._ids)}", self.inbox(WORKER_ID))
 
         async def deliver() -> None:
             try:
-                await self.send(inbox_channel(worker_id), message)
+                await self.send(self.inbox(worker_id), message)
             except Exception as error:
                 logger.warning("could not deliver %s to worker %s: %s", op.name, worker_id, error)
 
@@ -365,15 +282,12 @@ class Bus:
     # -- serving calls -----------------------------------------------------------------------
 
     async def _listen(self) -> None:
-        channel = inbox_channel(WORKER_ID)
+        channel = self.inbox(WORKER_ID)
         failures = 0
         layer = self.layer
         while True:
             try:
-                if self._inbox is not None:
-                    messages = await self._inbox.receive(channel)
-                else:
-                    messages = [await layer.receive(channel)]
+                messages = [await layer.receive(channel)]
                 failures = 0
             except asyncio.CancelledError:
                 raise

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from channels_redis.core import RedisChannelLayer
 
 from acp_channels import _gateway as gateway
 from acp_channels import _worker as worker
+from acp_channels.layers import RedisChannelLayer
 from tests.cluster import Cluster, RedisServer
 from tests.gateway_bus import patch_bus
 from tests.live import initialize, open_sse, post, rpc
@@ -81,8 +81,7 @@ def cluster_bus(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[w
     inbox of its own for the replies, no heartbeat."""
     prefix = cluster.workers[0].env["ACP_REDIS_PREFIX"]
     bus = worker.Bus()
-    bus._layer = RedisChannelLayer(hosts=[cluster.redis.url], prefix=prefix, channel_capacity={"acp.worker.*": 10000})
-    bus._inbox = worker.RedisInbox.for_layer(bus._layer)
+    bus.use(RedisChannelLayer(hosts=[cluster.redis.url], prefix=prefix, channel_capacity={"acp.worker.*": 10000}))
     bus.hosts_connections = False  # as a management command: not counted as a worker
     patch_bus(monkeypatch, bus)
     yield bus

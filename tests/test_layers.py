@@ -1,6 +1,7 @@
-"""acp_channels.layers against a real Redis: the waiting pool, the one-round-trip send (same
-format, capacity and expiry as channels-redis), batched receives; and the rules of _worker.py
-that make a 503 safe to retry (an op that expired before its worker took it is dropped)."""
+"""acp_channels.layers against a real Redis: the waiting pool, a worker's inbox as a channel of
+its process named after it; and the rules of _worker.py that make a 503 safe to retry (an op
+that expired before its worker took it is dropped). The layer's Channels behaviours:
+tests/test_streams_layer.py."""
 
 from __future__ import annotations
 
@@ -11,14 +12,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from channels.exceptions import ChannelFull
-from channels_redis.core import RedisChannelLayer as StockLayer
 from redis.asyncio import BlockingConnectionPool
 
+from acp_channels._streams_layer import BLOCK_MS
 from acp_channels._views import host_unavailable
-from acp_channels._worker import Bus, LayerUnavailable, WorkerBusy
+from acp_channels._worker import WORKER_ID, Bus, LayerUnavailable, WorkerBusy
 from acp_channels._worker_protocol import Alive, Probe, encode_op
-from acp_channels.layers import DEFAULT_SOCKET_TIMEOUT, RedisChannelLayer
+from acp_channels.layers import DEFAULT_SOCKET_TIMEOUT, RedisChannelLayer, connection_pool
 from tests.cluster import RedisServer
 
 
@@ -39,33 +39,28 @@ async def layer(redis_url: str) -> AsyncIterator[RedisChannelLayer]:
 
 
 async def test_the_pool_waits_for_a_free_connection_and_reads_replies_patiently(layer: RedisChannelLayer) -> None:
-    pool = layer.create_pool(0)
+    pool = layer._client().connection_pool
     assert isinstance(pool, BlockingConnectionPool)
     assert pool.max_connections == 9 and pool.timeout == 2.0
-    assert pool.connection_kwargs["socket_timeout"] == DEFAULT_SOCKET_TIMEOUT > StockLayer.brpop_timeout
-    sized = RedisChannelLayer(hosts=[{"address": "redis://127.0.0.1:1/0?max_connections=3", "socket_timeout": 9}])
-    assert sized.create_pool(0).max_connections == 3
-    assert sized.create_pool(0).connection_kwargs["socket_timeout"] == 9
+    assert pool.connection_kwargs["socket_timeout"] == DEFAULT_SOCKET_TIMEOUT > BLOCK_MS / 1000
+    sized = connection_pool({"address": "redis://127.0.0.1:1/0?max_connections=3", "socket_timeout": 9}, 100, 1.0)
+    assert sized.max_connections == 3 and sized.connection_kwargs["socket_timeout"] == 9
     # More commands at once than connections: they wait their turn instead of failing.
-    connection = layer.connection(0)
-    results = await asyncio.gather(*(connection.ping() for _ in range(50)))
+    results = await asyncio.gather(*(layer._client().ping() for _ in range(50)))
     assert all(results)
 
 
-async def test_send_keeps_the_order_the_capacity_and_the_format(layer: RedisChannelLayer) -> None:
-    channel = "acp.worker.abc"
-    for index in range(3):
-        await layer.send(channel, {"type": "acp.op", "n": index})
-    with pytest.raises(ChannelFull):  # capacity 3, as channels-redis counts it
-        await layer.send(channel, {"type": "acp.op", "n": 3})
-    # channels-redis's own receive reads what we sent, in order: the format is the same.
-    assert [(await layer.receive(channel))["n"] for _ in range(3)] == [0, 1, 2]
-
-
-async def test_a_process_channel_keeps_channels_redis_send(layer: RedisChannelLayer) -> None:
-    name = await layer.new_channel()
-    await layer.send(name, {"type": "x", "n": 1})
-    assert (await layer.receive(name))["n"] == 1
+async def test_a_worker_inbox_is_a_channel_of_its_process_named_after_it(redis_url: str) -> None:
+    prefix = f"acp-layer-test-{uuid.uuid4().hex[:8]}:"
+    receiver, sender = (RedisChannelLayer(hosts=[redis_url], prefix=prefix) for _ in range(2))
+    bus = Bus()
+    bus.use(receiver)
+    inbox = bus.inbox(WORKER_ID)
+    assert bus.named and inbox == f"acp.worker.{WORKER_ID}!inbox"
+    for n in range(3):  # from another process's layer: it needs only the worker's id
+        await sender.send(inbox, {"type": "acp.op", "n": n})
+    assert [(await receiver.receive(inbox))["n"] for _ in range(3)] == [0, 1, 2]
+    await receiver.flush()
 
 
 async def test_an_op_that_expired_before_its_worker_took_it_is_dropped() -> None:
@@ -95,3 +90,12 @@ def test_a_busy_worker_or_a_failed_send_is_503_with_retry_after() -> None:
     for error in (WorkerBusy("busy"), LayerUnavailable("down")):
         response = host_unavailable(error)
         assert response.status_code == 503 and response["Retry-After"] == "1"
+
+
+def test_a_sentinel_host_gets_a_sentinel_pool_of_the_same_size() -> None:
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
+    host = {"sentinels": [("127.0.0.1", 26379)], "master_name": "acp", "sentinel_kwargs": {"password": "x"}}
+    pool = connection_pool(host, 7, 1.0)
+    assert isinstance(pool, SentinelConnectionPool)
+    assert pool.service_name == "acp" and pool.max_connections == 7

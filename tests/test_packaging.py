@@ -72,7 +72,7 @@ def test_readme_install_line_installs_the_wheel_into_a_fresh_venv(readme_install
     assert installed.returncode == 0, installed.stdout + installed.stderr
     python, cwd = readme_install.python, readme_install.environment.parent
     probe = (  # the [redis] extra came along
-        "import acp_channels, channels_redis, importlib.metadata as m; "
+        "import acp_channels, acp_channels.layers, hiredis, importlib.metadata as m; "
         "print(acp_channels.__version__, m.version('acp-channels'), acp_channels.__file__)"
     )
     result = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60, cwd=cwd)

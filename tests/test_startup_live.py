@@ -27,14 +27,14 @@ from tests.live import LISTENING, ROOT
 
 #: daphne's CLI, run as `python -m daphne` is (the prelude first, where a test needs one).
 DAPHNE = "{prelude}\nfrom daphne.cli import CommandLineInterface\nCommandLineInterface.entrypoint()\n"
-#: An interpreter without channels_redis, as a site that did not install the `redis` extra.
-WITHOUT_CHANNELS_REDIS = """
+#: An interpreter without redis-py and msgpack, as a site that did not install the `redis` extra.
+WITHOUT_THE_REDIS_EXTRA = """
 import sys
-class WithoutChannelsRedis:
+class WithoutTheRedisExtra:
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] == "channels_redis":
+        if name.partition(".")[0] in ("redis", "msgpack"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-sys.meta_path.insert(0, WithoutChannelsRedis())
+sys.meta_path.insert(0, WithoutTheRedisExtra())
 """
 #: How long a refused start may take: the imports of a busy machine, nothing waited for.
 QUICKLY = 30.0
@@ -131,13 +131,13 @@ def test_a_layer_backend_that_does_not_import(database: Path) -> None:
 
 
 def test_the_redis_layer_without_the_redis_extra(redis: RedisServer) -> None:
-    """The issue's case: the demo's Redis layer configured, channels-redis not installed."""
-    started = start({"REDIS_URL": redis.url}, prelude=WITHOUT_CHANNELS_REDIS)
+    """The issue's case: the demo's Redis layer configured, the redis extra not installed."""
+    started = start({"REDIS_URL": redis.url}, prelude=WITHOUT_THE_REDIS_EXTRA)
     assert_refused(
         started,
         "(acp_channels.E036) CHANNEL_LAYERS['default']['BACKEND'] = 'acp_channels.layers.RedisChannelLayer' cannot "
-        "be imported: No module named 'channels_redis'",
-        'HINT: Install the redis extra: pip install "acp-channels[redis]" (channels-redis and redis).',
+        "be imported: No module named 'msgpack'",
+        'HINT: Install the redis extra: pip install "acp-channels[redis]" (redis-py and msgpack).',
     )
 
 
