@@ -100,7 +100,7 @@ class Balancer:
 
     def __init__(self, ports: list[int]) -> None:
         self.ports = ports
-        self._next = itertools.cycle(range(len(ports)))
+        self._next = itertools.count()  # modulo the rotation's length now: ports may change
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -122,7 +122,7 @@ class Balancer:
         self._loop.run_forever()
 
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        port = self.ports[next(self._next)]
+        port = self.ports[next(self._next) % len(self.ports)]
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", port)
         except OSError:
@@ -183,6 +183,21 @@ class Cluster:
                 urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/ready", timeout=10).close()
         self.balancer = Balancer([worker.port for worker in self.workers]).start()
         return self
+
+    def replace_worker(self, index: int) -> DaphneServer:
+        """A rolling restart of one web worker, as a balancer with health checks does it: out of
+        the rotation, SIGTERM (it drains), a new worker with the same settings, back in."""
+        assert self.balancer is not None
+        old = self.workers[index]
+        others = [worker.port for worker in self.workers if worker is not old]
+        self.balancer.ports[:] = others
+        old.stop()
+        new = DaphneServer(env=dict(old.env), log=self.log).start()
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{new.port}/ready", timeout=10).close()
+        self.workers[index] = new
+        self.balancer.ports[:] = [worker.port for worker in self.workers]
+        return new
 
     def add_runner(self, **env: str) -> RunnerProcess:
         """Start one more runner of this cluster (started: it announced itself)."""

@@ -519,6 +519,27 @@ class SseReader:
         self.last_id, value = await asyncio.wait_for(self._events.get(), timeout)
         return value
 
+    async def next_or_end(self, timeout: float = 10.0) -> Any | None:
+        """The next event's data, or None once the body ended with nothing left to read."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._events.empty() and not self.ended.is_set():
+            waiters = [asyncio.ensure_future(self._events.get()), asyncio.ensure_future(self.ended.wait())]
+            done, pending = await asyncio.wait(
+                waiters, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED
+            )
+            for waiter in pending:
+                waiter.cancel()
+            if waiters[0] in done:
+                self.last_id, value = waiters[0].result()
+                return value
+            if not done:
+                raise TimeoutError
+        if self._events.empty():
+            return None
+        self.last_id, value = self._events.get_nowait()
+        return value
+
     def pending(self) -> list[Any]:
         """Events already received and not yet taken."""
         items = []

@@ -18,10 +18,12 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from tests.cluster import Cluster, RedisServer
 from tests.live import ROOT, SSE, initialize, open_sse, post, rpc, wait_for_line
@@ -220,3 +222,80 @@ async def test_a_runner_killed_outright_is_an_error_at_once_and_the_next_connect
             await reader.wait_ended(15)
         # The client's restart path: a new connection, on the runner that is left.
         assert runner_of(await initialize(http, cluster.url)) == other.runner_id
+
+
+TOTAL = 20_000
+#: After how many events each web worker is restarted, in turn.
+RESTART_AFTER = (5_000, 12_000)
+
+
+async def test_restarting_every_web_worker_in_turn_loses_nothing_over_http(
+    redis_server: RedisServer, http: httpx.AsyncClient
+) -> None:
+    async with running(redis_server) as cluster:
+        connection_id = await initialize(http, cluster.url)
+        burst = rpc(1, "test/burst", {"count": TOTAL, "sessionId": "s"})
+        numbers: list[int] = []
+        last_id: str | None = None
+        reply: Any = None
+        for turn, reader_worker in enumerate((0, 1, 0)):
+            extra = {"Last-Event-ID": last_id} if last_id is not None else {}
+            url = cluster.workers[reader_worker].url
+            async with open_sse(http, url, connection_id, "s", **extra) as reader:
+                if turn == 0:
+                    assert (await post(http, cluster.url, burst, connection_id)).status_code == 202
+                restart_at = RESTART_AFTER[turn] if turn < len(RESTART_AFTER) else None
+                while len(numbers) < TOTAL or reply is None:
+                    if (event := await reader.next_or_end()) is None:
+                        break
+                    if "id" in event:
+                        reply = event
+                    else:
+                        numbers.append(event["params"]["n"])
+                    last_id = reader.last_id
+                    if len(numbers) == restart_at:
+                        # The worker serving this reader restarts; the reader keeps what it has
+                        # and goes on elsewhere once its stream ends.
+                        restarting = asyncio.create_task(asyncio.to_thread(cluster.replace_worker, reader_worker))
+                        await reader.wait_ended(20)
+                        await restarting
+                        break
+        assert numbers == list(range(TOTAL))  # each once, in order, across two restarts
+        assert reply is not None and reply["id"] == 1
+        assert not cluster.errors()
+
+
+async def test_restarting_every_web_worker_in_turn_loses_nothing_over_websocket(redis_server: RedisServer) -> None:
+    async with running(redis_server) as cluster:
+        numbers: list[int] = []
+        restarts_seen: list[int] = []  # events read when each socket opened
+        received = 0  # agent messages on the connection's sockets so far: the resume point
+        connection_id = ""
+        for turn, worker in enumerate((0, 1, 0)):
+            restarts_seen.append(len(numbers))
+            headers = {"Acp-Connection-Id": connection_id, "Last-Event-ID": str(received)} if turn else {}
+            url = cluster.workers[worker].ws_url
+            async with connect(url, subprotocols=["acp"], additional_headers=headers, proxy=None, max_size=None) as ws:  # type: ignore[list-item]
+                if turn == 0:
+                    assert ws.response is not None
+                    connection_id = ws.response.headers["Acp-Connection-Id"]
+                    await ws.send(json.dumps(INITIALIZE))
+                    # 1 KB each, taken from the agent as the socket is written: far more than the
+                    # sockets' buffers hold, so each restart lands mid-stream.
+                    await ws.send(json.dumps(rpc(1, "test/flood", {"count": TOTAL, "size": 1000})))
+                restart_at = RESTART_AFTER[turn] if turn < len(RESTART_AFTER) else None
+                while len(numbers) < TOTAL:
+                    try:
+                        message = json.loads(await asyncio.wait_for(ws.recv(), 20))
+                    except ConnectionClosed:
+                        break
+                    received += 1
+                    if message.get("method") == "test/flooded":
+                        numbers.append(message["params"]["n"])
+                    if len(numbers) == restart_at:
+                        # The worker serving this socket restarts while the client reads nothing
+                        # more; what reached the client before the close is still read below.
+                        await asyncio.to_thread(cluster.replace_worker, worker)
+        assert numbers == list(range(TOTAL))
+        assert restarts_seen[0] == 0 and 0 < restarts_seen[1] < restarts_seen[2] < TOTAL  # each restart mid-stream
+        assert not cluster.errors()
