@@ -48,6 +48,16 @@ async def live_workers() -> list[str]:
         raise ClusterUnreachable(f"the channel layer's Redis did not answer: {error or type(error).__name__}") from None
 
 
+async def runner_loads() -> dict[str, dict[str, Any]]:
+    """The live runners' published loads, by runner id (docs/runners.md); empty without runners."""
+    shared_layer()
+    bus.ensure_listening()
+    try:
+        return await bus.heartbeat.runner_loads()
+    except Exception as error:
+        raise ClusterUnreachable(f"the channel layer's Redis did not answer: {error or type(error).__name__}") from None
+
+
 async def cluster_connections(timeout: float | None = None) -> tuple[list[ConnectionInfo], list[str]]:
     """gateway.cluster_connections (`timeout` is the gateway's LIST_TIMEOUT)."""
     return await gateway.cluster_connections()

@@ -114,6 +114,24 @@ async def test_the_connections_command_lists_what_the_runners_host(topology: Clu
     assert {runner.runner_id for runner in topology.runners} <= set(document["workers"])
     (listed,) = [info for info in document["connections"] if info["connection_id"] == connection_id]
     assert listed["worker"] == runner_of(connection_id)
+    # Each runner's published load: the one hosting it counts it (the load is at most a beat old).
+    assert set(document["runners"]) == {runner.runner_id for runner in topology.runners}
+    hosting = document["runners"][runner_of(connection_id)]
+    assert hosting["connections"] >= 1 and hosting["room"] is True and hosting["draining"] is False
+    assert hosting["stdio_agents"] == 0  # an in-process agent
+    table = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "manage.py", "acp_connections"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["RUNNER", "CONNECTIONS", "AGENT", "PROCESSES", "STATE"]
+    assert {line.split()[0] for line in lines[1:3]} == set(document["runners"])
+    assert all(line.split()[-1] == "room" for line in lines[1:3])
     assert (await http.delete(topology.url, headers={"Acp-Connection-Id": connection_id})).status_code == 202
 
 
