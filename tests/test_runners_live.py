@@ -317,3 +317,53 @@ async def test_restarting_every_web_worker_in_turn_loses_nothing_over_websocket(
         assert numbers == list(range(TOTAL))
         assert restarts_seen[0] == 0 and 0 < restarts_seen[1] < restarts_seen[2] < TOTAL  # each restart mid-stream
         assert not cluster.errors()
+
+
+async def test_redis_down_mid_stream_is_503_and_nothing_is_lost_once_it_is_back(http: httpx.AsyncClient) -> None:
+    redis = RedisServer.private()
+    try:
+        async with running(redis) as cluster:
+            edge = cluster.workers[0]
+            connection_id = await initialize(http, edge.url)
+            flood = rpc(1, "test/flood", {"count": 3000, "size": 1000})
+            numbers: list[int] = []
+            last_id: str | None = None
+            async with open_sse(http, edge.url, connection_id) as reader:
+                assert (await post(http, edge.url, flood, connection_id)).status_code == 202
+                while len(numbers) < 500:
+                    event = await reader.next()
+                    if event.get("method") == "test/flooded":
+                        numbers.append(event["params"]["n"])
+                        last_id = reader.last_id
+                redis.stop()
+                # Everything an edge does needs Redis now: a clear 503, at once, never a hang.
+                fast = httpx.Timeout(5.0)
+                refused = await http.post(
+                    edge.url, json=rpc(2, "custom/ping"), headers={"Acp-Connection-Id": connection_id}, timeout=fast
+                )
+                assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+                assert (await http.post(edge.url, json=INITIALIZE, timeout=fast)).status_code == 503
+                redis.start()
+                # What reached the client meanwhile is the client's: it resumes after the last of it.
+                for event in reader.pending():
+                    if event.get("method") == "test/flooded":
+                        numbers.append(event["params"]["n"])
+                        last_id = reader.last_id
+            # The stream resumes where the client left it, on either worker.
+            assert last_id is not None
+            resumed_from = cluster.workers[1].url
+            for _ in range(100):  # the processes reconnect on their own; bounded wait for that
+                response = await http.head(
+                    resumed_from, headers={**SSE, "Acp-Connection-Id": connection_id, "Last-Event-ID": last_id}
+                )
+                if response.status_code != 503:
+                    break
+                await asyncio.sleep(0.1)
+            async with open_sse(http, resumed_from, connection_id, **{"Last-Event-ID": last_id}) as reader:
+                while len(numbers) < 3000:
+                    event = await reader.next(20)
+                    if event.get("method") == "test/flooded":
+                        numbers.append(event["params"]["n"])
+            assert numbers == list(range(3000))  # each once, in order, across the outage
+    finally:
+        redis.stop()
