@@ -16,10 +16,18 @@ import pytest
 from channels.testing import HttpCommunicator, WebsocketCommunicator
 
 from acp_channels import _gateway as gateway
-from acp_channels._gateway import AgentNotStarted, QuotaExceeded, ServerFull, ShuttingDown, open_connection
+from acp_channels._gateway import (
+    AgentNotStarted,
+    LayerUnavailable,
+    QuotaExceeded,
+    ServerFull,
+    ShuttingDown,
+    open_connection,
+)
 from acp_channels._host import registry
 from acp_channels._identity import ANONYMOUS, Principal
 from acp_channels._lifecycle import lifecycle
+from acp_channels._protocol import Single
 from acp_channels._routing import build_asgi_application
 from acp_channels._worker import WORKER_ID, worker_of
 from tests.live import rpc
@@ -141,3 +149,26 @@ async def test_stdio_agents_have_a_cap_of_their_own(settings: Any) -> None:
     finally:
         for connection in connections:
             await connection.abandon()
+
+
+async def test_with_runners_a_redis_that_does_not_answer_is_layer_unavailable(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Placement reads the runners' loads from Redis: a Redis that is down is a 503 to try
+    again (LayerUnavailable), never a 500."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from acp_channels._gateway import placement
+    from acp_channels._worker import bus
+
+    async def redis_down() -> dict[str, Any]:
+        raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT_HOSTS": "runners"}
+    monkeypatch.setattr(bus.heartbeat, "runner_loads", redis_down)
+    monkeypatch.setattr(placement, "runners", placement.RunnerView())
+    connection = await open_connection("http", ANONYMOUS, None)
+    with pytest.raises(LayerUnavailable) as unavailable:
+        await connection.initialize(Single(rpc(0, "initialize", {"protocolVersion": 1})), 0)
+    assert (unavailable.value.status, unavailable.value.retry_after) == (503, 1)
+    assert "Connection refused" in str(unavailable.value)

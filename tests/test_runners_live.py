@@ -26,7 +26,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.cluster import Cluster, RedisServer
-from tests.live import ROOT, SSE, initialize, open_sse, post, rpc, wait_for_line
+from tests.live import ROOT, SSE, SseReader, initialize, open_sse, post, rpc, wait_for_line
 
 WIRE = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5", "ACP_RUNNER_DRAIN_SECONDS": "1"}
 INITIALIZE = rpc(0, "initialize", {"protocolVersion": 1})
@@ -319,13 +319,22 @@ async def test_restarting_every_web_worker_in_turn_loses_nothing_over_websocket(
         assert not cluster.errors()
 
 
+FLOOD = 8000
+
+
 async def test_redis_down_mid_stream_is_503_and_nothing_is_lost_once_it_is_back(http: httpx.AsyncClient) -> None:
     redis = RedisServer.private()
+    # The replay window must cover what is in flight when the client lets go: the runner's push
+    # credit to the web worker (1 MiB) and the sockets' buffers, several MB on loopback at 1 KB
+    # events (docs/resumable-streams.md). The budget stays below the flood (8 MB).
+    window = {"ACP_REPLAY_WINDOW_BYTES": str(6 * 1024 * 1024), "ACP_MAX_BUFFERED_BYTES": str(7 * 1024 * 1024)}
     try:
-        async with running(redis) as cluster:
+        async with running(redis, **window) as cluster:
             edge = cluster.workers[0]
             connection_id = await initialize(http, edge.url)
-            flood = rpc(1, "test/flood", {"count": 3000, "size": 1000})
+            # 8 MB: more than the connection's budget, so the stream is still flowing when the
+            # client comes back and must resume.
+            flood = rpc(1, "test/flood", {"count": FLOOD, "size": 1000})
             numbers: list[int] = []
             last_id: str | None = None
             async with open_sse(http, edge.url, connection_id) as reader:
@@ -352,18 +361,25 @@ async def test_redis_down_mid_stream_is_503_and_nothing_is_lost_once_it_is_back(
             # The stream resumes where the client left it, on either worker.
             assert last_id is not None
             resumed_from = cluster.workers[1].url
-            for _ in range(100):  # the processes reconnect on their own; bounded wait for that
-                response = await http.head(
-                    resumed_from, headers={**SSE, "Acp-Connection-Id": connection_id, "Last-Event-ID": last_id}
-                )
-                if response.status_code != 503:
+            resume = {**SSE, "Acp-Connection-Id": connection_id, "Last-Event-ID": last_id}
+            for _ in range(100):  # the processes reconnect, the old lease goes; bounded wait for that
+                response = await http.send(http.build_request("GET", resumed_from, headers=resume), stream=True)
+                if response.status_code == 200:
                     break
+                await response.aread()
+                assert response.status_code in (409, 503), response.text  # the old lease, or no Redis yet
+                assert "belong" not in response.text and "older" not in response.text, response.text
                 await asyncio.sleep(0.1)
-            async with open_sse(http, resumed_from, connection_id, **{"Last-Event-ID": last_id}) as reader:
-                while len(numbers) < 3000:
+            assert len(numbers) < FLOOD  # the stream is still flowing: this is a resume
+            assert response.status_code == 200
+            reader = SseReader(response)
+            try:
+                while len(numbers) < FLOOD:
                     event = await reader.next(20)
                     if event.get("method") == "test/flooded":
                         numbers.append(event["params"]["n"])
-            assert numbers == list(range(3000))  # each once, in order, across the outage
+            finally:
+                await reader.close()
+            assert numbers == list(range(FLOOD))  # each once, in order, across the outage
     finally:
         redis.stop()

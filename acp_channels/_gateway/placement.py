@@ -33,7 +33,7 @@ from acp_channels._worker_protocol import (
     Terminate,
     describe,
 )
-from acp_channels.errors import AgentNotStarted, HostUnreachable, WorkerBusy, WorkerFailed
+from acp_channels.errors import AgentNotStarted, HostUnreachable, LayerUnavailable, WorkerBusy, WorkerFailed
 
 #: How long an edge trusts the runners' published loads before reading them again.
 RUNNERS_FRESH: Final = 0.5
@@ -54,7 +54,13 @@ class RunnerView:
         now = time.monotonic()
         if now - self._read_at >= RUNNERS_FRESH:
             bus.ensure_listening()  # connects the heartbeat's reading client
-            self._loads = await bus.heartbeat.runner_loads()
+            try:
+                self._loads = await bus.heartbeat.runner_loads()
+            except Exception as error:
+                if not isinstance(error, OSError) and not type(error).__module__.startswith("redis"):
+                    raise
+                # Redis is down or out of reach: 503, try again (not a 500)
+                raise LayerUnavailable(str(error) or type(error).__name__) from error
             self._read_at, self._placed = now, {}
         open_to_us = [runner for runner, load in self._loads.items() if load.get("room") and not load.get("draining")]
         return sorted(open_to_us, key=lambda runner: self._connections(runner))
