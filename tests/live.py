@@ -351,6 +351,8 @@ class RawSse:
         self.comments = 0
         self._buffer = bytearray()
         self._ended = False
+        #: The `id:` of the last event read.
+        self.last_id: str | None = None
 
     @classmethod
     async def open(
@@ -382,6 +384,9 @@ class RawSse:
             await self._read_chunk()
         block = bytes(self._buffer[:end])
         del self._buffer[: end + 2]
+        for line in block.split(b"\n"):
+            if line.startswith(b"id:"):
+                self.last_id = line[3:].removeprefix(b" ").decode()
         return [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
 
     async def next_event(self) -> str | None:

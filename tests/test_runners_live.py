@@ -26,7 +26,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.cluster import Cluster, RedisServer
-from tests.live import ROOT, SSE, SseReader, initialize, open_sse, post, rpc, wait_for_line
+from tests.live import ROOT, SSE, RawConnection, RawSse, SseReader, initialize, open_sse, post, rpc, wait_for_line
 
 WIRE = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5", "ACP_RUNNER_DRAIN_SECONDS": "1"}
 INITIALIZE = rpc(0, "initialize", {"protocolVersion": 1})
@@ -319,31 +319,32 @@ async def test_restarting_every_web_worker_in_turn_loses_nothing_over_websocket(
         assert not cluster.errors()
 
 
-FLOOD = 8000
+FLOOD = 30_000
 
 
 async def test_redis_down_mid_stream_is_503_and_nothing_is_lost_once_it_is_back(http: httpx.AsyncClient) -> None:
     redis = RedisServer.private()
-    # The replay window must cover what is in flight when the client lets go: the runner's push
-    # credit to the web worker (1 MiB) and the sockets' buffers, several MB on loopback at 1 KB
-    # events (docs/resumable-streams.md). The budget stays below the flood (8 MB).
-    window = {"ACP_REPLAY_WINDOW_BYTES": str(6 * 1024 * 1024), "ACP_MAX_BUFFERED_BYTES": str(7 * 1024 * 1024)}
+    # The client reads only as it goes (a small receive buffer, nothing read ahead), so the 30 MB
+    # flood is paused by the connection's budget, mid-stream, during the whole outage. The replay
+    # window covers what the sockets and the runner's push credit hold at a cut.
+    window = {"ACP_REPLAY_WINDOW_BYTES": str(8 * 1024 * 1024), "ACP_MAX_BUFFERED_BYTES": str(9 * 1024 * 1024)}
     try:
         async with running(redis, **window) as cluster:
             edge = cluster.workers[0]
             connection_id = await initialize(http, edge.url)
-            # 8 MB: more than the connection's budget, so the stream is still flowing when the
-            # client comes back and must resume.
-            flood = rpc(1, "test/flood", {"count": FLOOD, "size": 1000})
             numbers: list[int] = []
-            last_id: str | None = None
-            async with open_sse(http, edge.url, connection_id) as reader:
+            raw = await RawConnection.open(edge.port, receive_buffer=64 * 1024)
+            try:
+                reader = await RawSse.open(raw, connection_id)
+                flood = rpc(1, "test/flood", {"count": FLOOD, "size": 1000})
                 assert (await post(http, edge.url, flood, connection_id)).status_code == 202
                 while len(numbers) < 500:
-                    event = await reader.next()
+                    data = await reader.next_event()
+                    assert data is not None
+                    event = json.loads(data)
                     if event.get("method") == "test/flooded":
                         numbers.append(event["params"]["n"])
-                        last_id = reader.last_id
+                last_id = reader.last_id
                 redis.stop()
                 # Everything an edge does needs Redis now: a clear 503, at once, never a hang.
                 fast = httpx.Timeout(5.0)
@@ -353,12 +354,9 @@ async def test_redis_down_mid_stream_is_503_and_nothing_is_lost_once_it_is_back(
                 assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
                 assert (await http.post(edge.url, json=INITIALIZE, timeout=fast)).status_code == 503
                 redis.start()
-                # What reached the client meanwhile is the client's: it resumes after the last of it.
-                for event in reader.pending():
-                    if event.get("method") == "test/flooded":
-                        numbers.append(event["params"]["n"])
-                        last_id = reader.last_id
-            # The stream resumes where the client left it, on either worker.
+            finally:
+                await raw.close()
+            # The client resumes after the last event it read, on the other web worker.
             assert last_id is not None
             resumed_from = cluster.workers[1].url
             resume = {**SSE, "Acp-Connection-Id": connection_id, "Last-Event-ID": last_id}
@@ -370,16 +368,15 @@ async def test_redis_down_mid_stream_is_503_and_nothing_is_lost_once_it_is_back(
                 assert response.status_code in (409, 503), response.text  # the old lease, or no Redis yet
                 assert "belong" not in response.text and "older" not in response.text, response.text
                 await asyncio.sleep(0.1)
-            assert len(numbers) < FLOOD  # the stream is still flowing: this is a resume
             assert response.status_code == 200
-            reader = SseReader(response)
+            sse = SseReader(response)
             try:
                 while len(numbers) < FLOOD:
-                    event = await reader.next(20)
+                    event = await sse.next(20)
                     if event.get("method") == "test/flooded":
                         numbers.append(event["params"]["n"])
             finally:
-                await reader.close()
+                await sse.close()
             assert numbers == list(range(FLOOD))  # each once, in order, across the outage
     finally:
         redis.stop()
