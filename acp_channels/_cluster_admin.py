@@ -7,12 +7,15 @@ the readiness round trip).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from acp_channels import _gateway as gateway
 from acp_channels._inventory import ConnectionInfo
 from acp_channels._worker import WORKER_ID, bus
 from acp_channels._worker_protocol import Alive, Probe
+
+T = TypeVar("T")
 
 
 class ClusterUnreachable(Exception):
@@ -40,20 +43,20 @@ def shared_layer() -> Any:
 
 async def live_workers() -> list[str]:
     """The workers whose heartbeat is fresh (not this process unless it hosts connections)."""
-    shared_layer()
-    bus.ensure_listening()
-    try:
-        return await bus.heartbeat.live_workers()
-    except Exception as error:
-        raise ClusterUnreachable(f"the channel layer's Redis did not answer: {error or type(error).__name__}") from None
+    return await _from_heartbeats(bus.heartbeat.live_workers)
 
 
 async def runner_loads() -> dict[str, dict[str, Any]]:
     """The live runners' published loads, by runner id (docs/runners.md); empty without runners."""
+    return await _from_heartbeats(bus.heartbeat.runner_loads)
+
+
+async def _from_heartbeats(read: Callable[[], Awaitable[T]]) -> T:
+    """What `read` finds in the heartbeats' Redis keys; ClusterUnreachable when Redis fails."""
     shared_layer()
     bus.ensure_listening()
     try:
-        return await bus.heartbeat.runner_loads()
+        return await read()
     except Exception as error:
         raise ClusterUnreachable(f"the channel layer's Redis did not answer: {error or type(error).__name__}") from None
 

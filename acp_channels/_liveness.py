@@ -162,45 +162,38 @@ class Heartbeat:
         """The ids of the workers whose heartbeat is there and whose beating connection Redis
         still has (this one included, once it beat): a killed worker is not listed, although
         its key outlives it."""
-        if self._redis is None:
-            return []
-        prefix = self.key("")
-        keys = [key async for key in self._redis.scan_iter(match=_starting_with(prefix), count=1000)]
-        if not keys:
-            return []
-        beating: dict[str, int] = {}
-        for key, value in zip(keys, await self._redis.mget(keys), strict=True):
-            name = key.decode() if isinstance(key, bytes) else str(key)
-            with contextlib.suppress(TypeError, ValueError):  # gone since the scan, or not ours
-                beating[name.removeprefix(prefix)] = int(value)
-        if not beating:
-            return []
-        connected = {int(entry["id"]) for entry in await self._redis.client_list(client_id=list(beating.values()))}
-        return sorted(worker for worker, client_id in beating.items() if client_id in connected)
+        return sorted(await self._beating(self.key(""), lambda value: (int(value), None)))
 
     async def runner_loads(self) -> dict[str, dict[str, Any]]:
         """The load each live runner last published, by runner id (a runner killed outright is
         not listed: Redis no longer has its beating connection)."""
+
+        def load(value: Any) -> tuple[int, dict[str, Any]]:
+            parsed = json.loads(value)
+            if not isinstance(parsed, dict) or not isinstance(parsed.get("client"), int):
+                raise ValueError("not a runner's load")
+            return parsed["client"], parsed
+
+        return await self._beating(self.load_key(""), load)
+
+    async def _beating(self, prefix: str, read: Callable[[Any], tuple[int, Any]]) -> dict[str, Any]:
+        """The keys under `prefix` whose beating connection Redis still has, by the rest of their
+        name: `read` turns a key's value into (its beating client id, what to return for it)."""
         if self._redis is None:
             return {}
-        prefix = self.load_key("")
         keys = [key async for key in self._redis.scan_iter(match=_starting_with(prefix), count=1000)]
         if not keys:
             return {}
-        loads: dict[str, dict[str, Any]] = {}
+        found: dict[str, tuple[int, Any]] = {}
         for key, value in zip(keys, await self._redis.mget(keys), strict=True):
             name = key.decode() if isinstance(key, bytes) else str(key)
             with contextlib.suppress(TypeError, ValueError):  # gone since the scan, or not ours
-                load = json.loads(value)
-                if isinstance(load, dict) and isinstance(load.get("client"), int):
-                    loads[name.removeprefix(prefix)] = load
-        if not loads:
+                found[name.removeprefix(prefix)] = read(value)
+        if not found:
             return {}
-        connected = {
-            int(entry["id"])
-            for entry in await self._redis.client_list(client_id=[load["client"] for load in loads.values()])
-        }
-        return {runner: load for runner, load in loads.items() if load["client"] in connected}
+        clients = [client for client, _ in found.values()]
+        connected = {int(entry["id"]) for entry in await self._redis.client_list(client_id=clients)}
+        return {name: value for name, (client, value) in found.items() if client in connected}
 
     async def alive(self, worker_id: str) -> bool:
         """False when Redis answers that `worker_id` has no heartbeat (or there is no heartbeat

@@ -86,6 +86,12 @@ def lease_idle_limit() -> float:
     return TAKE_WAIT + worker_timeout() + SLOW_WORKER_PATIENCE + RECEIPT_GRACE
 
 
+def layer_failure(error: BaseException) -> bool:
+    """Whether `error` says the channel layer's Redis failed or is out of reach (a 503 to try
+    again), not a bug of ours."""
+    return isinstance(error, OSError) or type(error).__module__.startswith("redis")
+
+
 def new_connection_id(worker_id: str = WORKER_ID) -> str:
     """A new connection id naming the process that hosts it (this one, or a runner)."""
     return f"{uuid.uuid4()}.{worker_id}"
@@ -130,6 +136,7 @@ class Bus:
         #: A runner's load, published with its heartbeat for the edges' placement (None: this
         #: process takes no placements).
         self.load: Callable[[], dict[str, Any]] | None = None
+        self._inbox_suffix = ""
 
     @property
     def layer(self) -> Any:
@@ -141,19 +148,22 @@ class Bus:
         """A worker's inbox: on our Redis layer a process-specific channel named after the
         worker (one stream per process, read in batches by it alone); on another layer an
         ordinary channel."""
-        return f"acp.worker.{worker_id}!inbox" if self.named else f"acp.worker.{worker_id}"
+        if self._layer is None:
+            self.use(get_channel_layer())  # the layer decides the name
+        return f"acp.worker.{worker_id}{self._inbox_suffix}"
+
+    @property
+    def named(self) -> bool:
+        """Whether the layer's process-specific channels carry the worker id (our Redis layer)."""
+        return self.inbox("") != "acp.worker."
 
     def use(self, layer: Any) -> None:
         """Reach the other workers through `layer` (the default channel layer unless told)."""
         name_this_process = getattr(layer, "name_this_process", None)  # our Redis layer's
         if name_this_process is not None:
             name_this_process(WORKER_ID)
+        self._inbox_suffix = "!inbox" if name_this_process is not None else ""
         self._layer = layer
-
-    @property
-    def named(self) -> bool:
-        """Whether the layer's process-specific channels carry the worker id (our Redis layer)."""
-        return hasattr(self.layer, "name_this_process")
 
     @property
     def shared(self) -> bool:
@@ -260,10 +270,8 @@ class Bus:
                     raise LayerUnavailable(f"channel {channel} stayed full") from None
                 await asyncio.sleep(delay)  # backoff: a full channel sends no event to await
                 delay = min(delay * 2, 0.2)
-            except (OSError, ConnectionError) as error:
-                raise LayerUnavailable(str(error)) from error
             except Exception as error:
-                if type(error).__module__.startswith("redis"):
+                if layer_failure(error):
                     raise LayerUnavailable(str(error)) from error
                 raise
 

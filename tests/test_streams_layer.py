@@ -25,25 +25,18 @@ from tests.cluster import RedisServer
 NOT_COMING = 0.5
 
 
-@pytest.fixture(scope="module")
-def redis() -> Iterator[RedisServer]:
-    server = RedisServer.shared_or_private()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def prefix() -> str:
     return f"acp-test-{secrets.token_hex(6)}"
 
 
 @pytest.fixture
-def make_layer(redis: RedisServer, prefix: str) -> Iterator[Any]:
+def make_layer(redis_server: RedisServer, prefix: str) -> Iterator[Any]:
     """Layers of one test (as several processes would have), sharing its prefix."""
     made: list[StreamsChannelLayer] = []
 
     def make(**options: Any) -> StreamsChannelLayer:
-        layer = StreamsChannelLayer(hosts=[redis.url], prefix=prefix, **options)
+        layer = StreamsChannelLayer(hosts=[redis_server.url], prefix=prefix, **options)
         made.append(layer)
         return layer
 

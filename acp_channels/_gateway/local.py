@@ -129,7 +129,7 @@ class NewConnection:
 
     async def attach_first_socket(self) -> SocketAttachment:
         """Start relaying the agent's output to the WebSocket that opened the connection."""
-        self.host.start()
+        self.start()
         return LocalSocket.first(self.host)
 
 

@@ -23,7 +23,7 @@ from acp_channels._gateway.remote import RemoteHandle
 from acp_channels._host import AgentEnded, InitializeReply, QuotaExceeded, ServerFull
 from acp_channels._identity import Principal, TransportKind
 from acp_channels._protocol import Frame
-from acp_channels._worker import bus, new_connection_id, worker_timeout
+from acp_channels._worker import bus, layer_failure, new_connection_id, worker_timeout
 from acp_channels._worker_protocol import (
     AgentFailed,
     Closed,
@@ -57,7 +57,7 @@ class RunnerView:
             try:
                 self._loads = await bus.heartbeat.runner_loads()
             except Exception as error:
-                if not isinstance(error, OSError) and not type(error).__module__.startswith("redis"):
+                if not layer_failure(error):
                     raise
                 # Redis is down or out of reach: 503, try again (not a 500)
                 raise LayerUnavailable(str(error) or type(error).__name__) from error
