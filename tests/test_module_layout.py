@@ -7,8 +7,7 @@
   package or its factory;
 - the module-level import graph of `acp_channels` has no cycle (imports inside functions are the
   deliberate late ones, run after every module is loaded);
-- no module passes 500 lines but the cross-worker transport's (worker_protocol), kept as it is
-  until a runner tier on Redis Streams replaces it.
+- no module passes 500 lines.
 """
 
 from __future__ import annotations
@@ -212,13 +211,10 @@ def test_importing_the_agents_package_loads_no_adapter() -> None:
 
 #: The most lines a module of the package may have: past it, split it by responsibility.
 MAX_LINES = 500
-#: The cross-worker transport, left as it is until a runner tier replaces it;
-#: every other module, new ones included, is held to MAX_LINES.
-LONGER_BEFORE_THE_LIMIT = frozenset({"acp_channels._worker_protocol"})
 
 
 def test_no_module_exceeds_the_line_limit() -> None:
     lengths = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
     assert lengths["acp_channels._checks"] > 100  # the reader sees the package
     over = {name: length for name, length in lengths.items() if length > MAX_LINES}
-    assert {name: length for name, length in over.items() if name not in LONGER_BEFORE_THE_LIMIT} == {}
+    assert over == {}
