@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -266,6 +267,29 @@ async def settle_paused(
                 return window[-1]
         await asyncio.sleep(0.25)
     raise AssertionError(f"the server did not settle: {window}")
+
+
+_flood_stats_ids = itertools.count()
+
+
+@contextlib.asynccontextmanager
+async def flood_counter(http: httpx.AsyncClient, url: str) -> AsyncIterator[Callable[[], Awaitable[int]]]:
+    """Asks, over another ACP connection on the same process, how many flood frames the
+    hosts have taken from their agents so far."""
+    connection_id = await initialize(http, url)
+    async with open_sse(http, url, connection_id) as stream:
+
+        async def taken() -> int:
+            request_id = f"stats-{next(_flood_stats_ids)}"
+            response = await post(http, url, rpc(request_id, "test/flood_stats"), connection_id)
+            assert response.status_code == 202, response.text
+            reply = await stream.next()
+            assert reply["id"] == request_id, reply
+            count: int = reply["result"]["taken"]
+            return count
+
+        yield taken
+    await http.delete(url, headers={"Acp-Connection-Id": connection_id})
 
 
 def reset_peak_memory(pid: int) -> bool:

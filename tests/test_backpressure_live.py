@@ -12,10 +12,8 @@ measured), and the SSE case once under uvicorn, whose `send` waits on a paused t
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -27,9 +25,9 @@ from tests.live import (
     RawWebSocket,
     ServerProcess,
     UvicornServer,
+    flood_counter,
     initialize,
     memory,
-    open_sse,
     post,
     rpc,
     settle_paused,
@@ -50,7 +48,6 @@ ENV = {
     "ACP_REPLAY_WINDOW_BYTES": str(BUFFERED_LIMIT // 4),  # within the budget (check E031)
     "ACP_KEEPALIVE_SECONDS": "60",  # no comments in the stream while nobody reads
 }
-_ids = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -71,26 +68,6 @@ def uvicorn_server() -> Iterator[UvicornServer]:
 async def http() -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(timeout=httpx.Timeout(20.0)) as client:
         yield client
-
-
-@contextlib.asynccontextmanager
-async def flood_counter(http: httpx.AsyncClient, url: str) -> AsyncIterator[Callable[[], Awaitable[int]]]:
-    """Asks, over another ACP connection on the same process, how many flood frames the
-    hosts have taken from their agents so far."""
-    connection_id = await initialize(http, url)
-    async with open_sse(http, url, connection_id) as stream:
-
-        async def taken() -> int:
-            request_id = f"stats-{next(_ids)}"
-            response = await post(http, url, rpc(request_id, "test/flood_stats"), connection_id)
-            assert response.status_code == 202, response.text
-            reply = await stream.next()
-            assert reply["id"] == request_id, reply
-            count: int = reply["result"]["taken"]
-            return count
-
-        yield taken
-    await http.delete(url, headers={"Acp-Connection-Id": connection_id})
 
 
 def check_flood(events: list[str]) -> None:

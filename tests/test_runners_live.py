@@ -26,7 +26,21 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.cluster import Cluster, RedisServer
-from tests.live import ROOT, SSE, RawConnection, RawSse, SseReader, initialize, open_sse, post, rpc, wait_for_line
+from tests.live import (
+    ROOT,
+    SSE,
+    RawConnection,
+    RawSse,
+    SseReader,
+    flood_counter,
+    initialize,
+    memory,
+    open_sse,
+    post,
+    rpc,
+    settle_paused,
+    wait_for_line,
+)
 
 WIRE = {"ACP_AGENT": "tests.wire_agent.create", "ACP_KEEPALIVE_SECONDS": "0.5", "ACP_RUNNER_DRAIN_SECONDS": "1"}
 INITIALIZE = rpc(0, "initialize", {"protocolVersion": 1})
@@ -380,3 +394,43 @@ async def test_redis_down_mid_stream_is_503_and_nothing_is_lost_once_it_is_back(
             assert numbers == list(range(FLOOD))  # each once, in order, across the outage
     finally:
         redis.stop()
+
+
+#: A flood far larger than what a paused connection may hold on either process.
+STILL_FRAMES, STILL_FRAME_SIZE = 1600, 64 * 1024  # about 100 MB
+STILL_BUDGET = 1024 * 1024
+#: What a paused connection legitimately holds besides its budget: the runner's push credit
+#: (1 MiB), the edge's batch and the sockets' buffers, allocator slack.
+STILL_SLACK = 24 * 1024 * 1024
+
+
+async def test_a_client_that_stops_reading_holds_the_runner_and_its_edge_flat(
+    redis_server: RedisServer, http: httpx.AsyncClient
+) -> None:
+    budget = {"ACP_MAX_BUFFERED_BYTES": str(STILL_BUDGET), "ACP_REPLAY_WINDOW_BYTES": str(STILL_BUDGET // 4)}
+    async with running(redis_server, runners=1, ACP_KEEPALIVE_SECONDS="60", **budget) as cluster:
+        edge, (runner,) = cluster.workers[0], cluster.runners
+        assert edge.process is not None and runner.process is not None
+        # The counter's connection is on the same (only) runner: it asks that process's hosts.
+        async with flood_counter(http, edge.url) as taken:
+            connection_id = await initialize(http, edge.url)
+            raw = await RawConnection.open(edge.port, receive_buffer=4096)
+            try:
+                stream = await RawSse.open(raw, connection_id)
+                before_flood = await taken()
+                runner_before, edge_before = memory(runner.process.pid)[0], memory(edge.process.pid)[0]
+                flood = rpc("flood", "test/flood", {"count": STILL_FRAMES, "size": STILL_FRAME_SIZE})
+                assert (await post(http, edge.url, flood, connection_id)).status_code == 202
+                frames_taken, runner_rss = await settle_paused(runner, taken, deadline=40.0)
+                assert frames_taken - before_flood < STILL_FRAMES, "the agent was never paused"
+                grew = {"runner": runner_rss - runner_before, "edge": memory(edge.process.pid)[0] - edge_before}
+                shown = {name: f"{size >> 20} MiB" for name, size in grew.items()}
+                assert max(grew.values()) < STILL_BUDGET + STILL_SLACK, shown
+                # Reading again, the client gets the flood from its start, in order.
+                assert json.loads(await stream.next_event() or "null")["id"] == "flood"
+                for n in range(200):
+                    event = json.loads(await stream.next_event() or "null")
+                    assert event["method"] == "test/flooded" and event["params"]["n"] == n
+            finally:
+                await raw.close()
+                await http.delete(edge.url, headers={"Acp-Connection-Id": connection_id})
