@@ -38,6 +38,7 @@ _PUBLIC = {
     "RedisChannelLayer": "acp_channels.layers",
     "AcpASGIHandler": "acp_channels._handler",
     "BodyLimit": "acp_channels._limits",
+    "settings_from_environment": "acp_channels._conf",
 }
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "build_asgi_application",
     "cors_allow_headers",
     "django_user",
+    "settings_from_environment",
     "settings_tokens",
     "websocket_urlpatterns",
 ]
@@ -70,6 +72,7 @@ __all__ = [
 if TYPE_CHECKING:
     from acp_channels._agents.channel import AgentChannel, AgentClosed
     from acp_channels._agents.stdio import CONNECTION_ENV, PRINCIPAL_ID_ENV, PRINCIPAL_KIND_ENV
+    from acp_channels._conf import settings_from_environment
     from acp_channels._cors import ACP_ALLOW_HEADERS, ACP_ALLOW_METHODS, ACP_EXPOSE_HEADERS, cors_allow_headers
     from acp_channels._handler import AcpASGIHandler
     from acp_channels._identity import ANONYMOUS, AgentContext, Principal, TransportKind

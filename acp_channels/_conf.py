@@ -9,7 +9,9 @@ applies with its system check id. Read through `acp_settings` at use time (not i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import os
+from collections.abc import Collection, Mapping
 from typing import Any, Final, Generic, TypeVar, overload
 
 from django.conf import settings
@@ -215,6 +217,40 @@ class AcpSettings:
     def user_settings() -> dict[str, Any]:
         value = getattr(settings, "ACP_CHANNELS", {})
         return value if isinstance(value, dict) else {}
+
+
+def settings_from_environment(
+    environ: Mapping[str, str] | None = None, prefix: str = "ACP_", *, skip: Collection[str] = ()
+) -> dict[str, Any]:
+    """`ACP_CHANNELS` keys from environment variables, for a settings module: `<prefix><KEY>`
+    sets KEY (`ACP_MAX_CONNECTIONS=500`); a key without a variable (or in `skip`) is left out,
+    so it keeps its default. Read by the kind of the key's default: flags are 1/true/yes/on
+    (anything else is false), numbers are numbers, `none` is None (no limit), dicts are JSON,
+    the rest (dotted paths, the permission) text. ValueError names a variable that does not
+    read as its kind."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for key, setting in AcpSettings.declared().items():
+        raw = environ.get(f"{prefix}{key}")
+        if raw is None or key in skip:
+            continue
+        # A number whose default is None (no limit) still reads as its kind.
+        default = setting.default if setting.default is not None else getattr(setting, "kind", str)(1)
+        try:
+            if raw.strip().lower() == "none":
+                values[key] = None
+            elif isinstance(default, bool):
+                values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
+            elif isinstance(default, dict | list | tuple):
+                values[key] = json.loads(raw)
+            elif isinstance(default, int | float):
+                values[key] = type(default)(raw)
+            else:
+                values[key] = raw
+        except ValueError as error:  # json's JSONDecodeError is one
+            kind = type(default).__name__
+            raise ValueError(f"{prefix}{key}={raw!r} is not a {kind}: {error}") from None
+    return values
 
 
 #: Every key's default, by name.

@@ -12,7 +12,7 @@ from typing import Any
 
 from corsheaders.defaults import default_headers
 
-from acp_channels import ACP_ALLOW_METHODS, ACP_EXPOSE_HEADERS, cors_allow_headers
+from acp_channels import ACP_ALLOW_METHODS, ACP_EXPOSE_HEADERS, cors_allow_headers, settings_from_environment
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -91,35 +91,6 @@ def _agent() -> str | dict[str, Any]:
     return "demo_project.agent.create_agent"
 
 
-def _acp_settings_from_environment() -> dict[str, Any]:
-    """ACP_<KEY>=value overrides one ACP_CHANNELS key (ACP_MAX_CONNECTIONS=none: no cap); a key
-    not in the environment keeps acp_channels' production default. Booleans are 1/true/yes/on
-    (anything else is false), dicts are JSON, and keys without a number default (dotted paths,
-    the permission) are taken as text."""
-    from acp_channels._conf import AcpSettings
-
-    values: dict[str, Any] = {}
-    for key, setting in AcpSettings.declared().items():
-        raw = os.environ.get(f"ACP_{key}")
-        if raw is None or key in ("AGENT", "CORS_ALLOWED_ORIGINS"):
-            continue
-        # A number setting whose default is None (no limit) still reads as its kind.
-        default = setting.default if setting.default is not None else getattr(setting, "kind", str)(1)
-        if raw.lower() == "none":
-            values[key] = None
-        elif isinstance(default, bool):
-            values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
-        elif isinstance(default, dict):
-            values[key] = json.loads(raw)
-        elif isinstance(default, int):
-            values[key] = int(raw)
-        elif isinstance(default, float):
-            values[key] = float(raw)
-        else:
-            values[key] = raw
-    return values
-
-
 def _authentication() -> dict[str, Any]:
     """The demo serves anyone on loopback, on purpose (ALLOW_ANONYMOUS). `ACP_TOKEN=<secret>`
     turns on one shared bearer token instead: clients send `Authorization: Bearer <secret>`."""
@@ -140,7 +111,9 @@ ACP_CHANNELS = {
     "METRICS": True,
     "CORS_ALLOWED_ORIGINS": _origins(os.environ.get("ACP_CORS_ALLOWED_ORIGINS", "")),
     **_authentication(),
-    **_acp_settings_from_environment(),
+    # ACP_<KEY>=value overrides one key (ACP_MAX_CONNECTIONS=none: no cap); the rest keep
+    # acp_channels' production defaults.
+    **settings_from_environment(skip=("AGENT", "CORS_ALLOWED_ORIGINS")),
 }
 
 # django-cors-headers: only the ACP endpoint is ever enabled (by acp_channels, for listed origins).
