@@ -1,10 +1,12 @@
 """Several workers under a burst: the fanout of bench.run for three daphne workers on Redis behind
-the round-robin balancer (`ours-3w-redis`) and one daphne worker (`ours-daphne`, for comparison),
-at 100, 500 and 1,000 clients on both transports; each run appended to bench/cluster-load.json
-and rendered into bench/LOAD.md.
+the round-robin balancer (`ours-3w-redis`), the same three as web workers placing every
+connection on two runners (`ours-3w-2r-redis`, AGENT_HOSTS "runners", docs/runners.md) and one
+daphne worker (`ours-daphne`, for comparison), at 100, 500 and 1,000 clients on both transports;
+each run appended to bench/cluster-load.json and rendered into bench/LOAD.md.
 
-    .venv/bin/python -m bench.load                   # one run (10-15 minutes on a busy 2-core machine)
+    .venv/bin/python -m bench.load                   # one run (10-20 minutes on a 2-core machine)
     .venv/bin/python -m bench.load --runs 2          # two runs, one after the other
+    .venv/bin/python -m bench.load --servers ours-3w-2r-redis --levels 100   # a subset
     .venv/bin/python -m bench.load --render          # LOAD.md again from cluster-load.json
     .venv/bin/python -m bench.load --import /tmp/results.json --label "..."   # a bench.run results file
 
@@ -30,9 +32,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "cluster-load.json"
 REPORT = HERE / "LOAD.md"
-SERVERS = ["ours-3w-redis", "ours-daphne"]
+SERVERS = ["ours-3w-redis", "ours-3w-2r-redis", "ours-daphne"]
 LEVELS = [100, 500, 1000]
-LABELS = {"ours-3w-redis": "3 workers + Redis, balancer", "ours-daphne": "1 worker"}
+LABELS = {
+    "ours-3w-redis": "3 workers + Redis, balancer",
+    "ours-3w-2r-redis": "3 web workers + 2 runners + Redis, balancer",
+    "ours-daphne": "1 worker",
+}
 
 
 def commit() -> str:
@@ -47,7 +53,7 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-async def one_run(levels: list[int], label: str) -> dict[str, Any]:
+async def one_run(levels: list[int], label: str, servers: list[str]) -> dict[str, Any]:
     from bench import run
 
     sizes = {"fanout": levels, "fanout_prompts": 5, "fanout_chunks": 20}
@@ -59,7 +65,7 @@ async def one_run(levels: list[int], label: str) -> dict[str, Any]:
         "load_before": load_average(),
         "servers": {},
     }
-    for key in SERVERS:
+    for key in servers:
         run.log(f"server {key}")
         record["servers"][key] = await run.fanout(key, sizes)
     record["load_after"] = load_average()
@@ -96,9 +102,11 @@ def render(data: dict[str, Any]) -> str:
         "client: initialize, the connection stream, session/new, the session stream, 5 prompts",
         "streaming 20 chunks each, checked (every chunk once and in order, then the reply), DELETE;",
         "over WebSocket the same on one socket. All clients start at once, 180 s at most. Servers",
-        "pinned to CPU 0 (three workers, Redis and the balancer share it), the load generator to",
-        "CPU 1, on a 2-core machine other work was running on too (load average before and after",
-        "each run): wall times are noisy; what must hold is that every client passes.",
+        "pinned to CPU 0 (three workers, Redis and the balancer share it; with runners, the two",
+        "runners too), the load generator to CPU 1, on a 2-core machine other work was running on",
+        "too (load average before and after each run): wall times are noisy; what must hold is that",
+        "every client passes. Runners: the web workers host no agent and place each connection on",
+        "one of the two runners (AGENT_HOSTS \"runners\", docs/runners.md; MAX_CONNECTIONS 2,000 each).",
         "",
     ]
     for run in data["runs"]:
@@ -138,6 +146,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)))
     parser.add_argument("--label", default="")
+    parser.add_argument("--servers", default=",".join(SERVERS), help=f"a subset of {','.join(SERVERS)}, in this order")
     parser.add_argument("--render", action="store_true", help="only write LOAD.md from cluster-load.json")
     parser.add_argument("--import", dest="import_file", type=Path, help="add a bench.run results file as a run")
     args = parser.parse_args()
@@ -152,9 +161,12 @@ def main() -> None:
         os.sched_setaffinity(0, {LOADGEN_CPU})
         os.chdir(ROOT)
         levels = [int(level) for level in args.levels.split(",")]
+        servers = [key for key in SERVERS if key in args.servers.split(",")]
+        if unknown := set(args.servers.split(",")) - set(SERVERS):
+            parser.error(f"unknown servers: {', '.join(sorted(unknown))}")
         for index in range(args.runs):
             label = args.label or f"run {len(data['runs']) + 1}"
-            data["runs"].append(uvloop.run(one_run(levels, label)))
+            data["runs"].append(uvloop.run(one_run(levels, label, servers)))
             write(data)
             print(f"run {index + 1} of {args.runs} written", file=sys.stderr)
     write(data)

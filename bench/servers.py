@@ -30,6 +30,9 @@ MAX_MESSAGE = str(16 * 1024 * 1024 + 4096)
 WEBSOCKET_CONNECT_TIMEOUT = "60"
 DAPHNE_READY = re.compile(r"Listening on TCP address [\d.]+:(\d+)")
 LISTENING = re.compile(r"LISTENING (\d+)")
+#: A runner's readiness line (`manage.py acp_runner`, on stderr); its pid stands where a server's
+#: port would (Proc.port), since a runner serves no HTTP.
+RUNNER_READY = re.compile(r"acp runner \w+ ready \(pid (\d+)\)")
 
 
 def free_port() -> int:
@@ -124,6 +127,17 @@ def daphne(name: str, app: str, env: dict[str, str] | None = None) -> Proc:
         ],
         DAPHNE_READY,
         {"ACP_SHUTDOWN_GRACE_SECONDS": "1", **(env or {})},
+    )
+
+
+def runner(name: str, env: dict[str, str] | None = None) -> Proc:
+    """`manage.py acp_runner` (docs/runners.md): hosts agents, serves no HTTP. A drain of 1 s on
+    SIGTERM, as the workers' shutdown grace, so that stopping a server takes no minute."""
+    return Proc(
+        name,
+        [sys.executable, "manage.py", "acp_runner"],
+        RUNNER_READY,
+        {"ACP_RUNNER_DRAIN_SECONDS": "1", **(env or {})},
     )
 
 
@@ -302,34 +316,52 @@ class Redis(Proc):
 
 class Cluster(Server):
     """Three daphne workers sharing a private Redis (channels-redis), behind the round-robin
-    balancer of tests.cluster in its own process; all pinned to the server core."""
+    balancer of tests.cluster in its own process; all pinned to the server core. With `runners`
+    (a subclass's), as many `manage.py acp_runner` processes on the same Redis, started before
+    the workers; the workers then host no agent (`env` sets AGENT_HOSTS "runners")."""
 
     key, label = "ours-3w-redis", "ours, 3 daphne workers + Redis"
     app = "demo_project.asgi:application"
     env: dict[str, str] = {}
+    runners = 0
 
     def __init__(self, size: int = 3) -> None:
         super().__init__()
         self.size = size
         self.redis = Redis()
         self.workers: list[Proc] = []
+        self.runner_procs: list[Proc] = []
         self.balancer: Proc | None = None
 
     def start(self) -> Server:
         self.redis.start()
+        self.procs = [self.redis]
         env = {
             "REDIS_URL": f"redis://127.0.0.1:{self.redis.redis_port}/0",
             "ACP_REDIS_PREFIX": f"acp-bench-{uuid.uuid4().hex[:8]}:",
             **self.env,
         }
-        self.workers = [daphne(f"worker{i}", self.app, env) for i in range(self.size)]
-        for worker in self.workers:
-            worker.start()
-        self.balancer = Proc(
-            "balancer", [sys.executable, "-m", "bench.balancer", *(str(w.port) for w in self.workers)], LISTENING
-        ).start()
-        self.procs = [self.balancer, *self.workers, self.redis]
+        try:
+            # A runner announces itself once it takes placements: a worker started after that
+            # finds it in Redis at its first initialize.
+            self.runner_procs = [runner(f"runner{i}", env).start() for i in range(self.runners)]
+            self.workers = [daphne(f"worker{i}", self.app, env) for i in range(self.size)]
+            for worker in self.workers:
+                worker.start()
+            self.balancer = Proc(
+                "balancer", [sys.executable, "-m", "bench.balancer", *(str(w.port) for w in self.workers)], LISTENING
+            ).start()
+        except BaseException:
+            self.procs = [*self.workers, *self.runner_procs, self.redis]
+            self.stop()
+            raise
+        self.procs = [self.balancer, *self.workers, *self.runner_procs, self.redis]
         return self
+
+    def stop(self) -> None:
+        # Front to back: the balancer, the workers, the runners (which drain through Redis), Redis last.
+        for proc in self.procs:
+            proc.stop()
 
     def worker_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.workers[index].port}/acp"
@@ -341,6 +373,17 @@ class ClusterPatient(Cluster):
 
     key, label = "ours-3w-redis-patient", "ours, 3 workers + Redis, WORKER_TIMEOUT_SECONDS 10 (experiment)"
     env = {"ACP_WORKER_TIMEOUT_SECONDS": "10"}
+
+
+class ClusterRunners(Cluster):
+    """Three web workers that host no agent (AGENT_HOSTS "runners") and two runners, on one
+    private Redis behind the same balancer (docs/runners.md). Each runner may host every client
+    of bench.run's largest fanout (MAX_CONNECTIONS 2,000 rather than the default 1,000): the
+    placement balances by the loads runners publish every 0.5 s, so a burst may land unevenly."""
+
+    key, label = "ours-3w-2r-redis", "ours, 3 web workers + 2 runners + Redis"
+    env = {"ACP_AGENT_HOSTS": "runners", "ACP_MAX_CONNECTIONS": "2000"}
+    runners = 2
 
 
 class ClusterWsNoLayer(Cluster):
@@ -356,6 +399,7 @@ SERVERS: dict[str, type[Server]] = {
         OursDaphne,
         OursUvicorn,
         Cluster,
+        ClusterRunners,
         TsSdk,
         PySdkUvicorn,
         PySdkDaphne,
