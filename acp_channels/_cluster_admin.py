@@ -41,6 +41,16 @@ def shared_layer() -> Any:
     return layer
 
 
+async def then_close(work: Awaitable[T]) -> T:
+    """`work`, then this process's end of the cluster closed: a management command exits as
+    soon as it is done (its inbox's blocking read would otherwise hold the loop's shutdown for
+    up to the layer's block time)."""
+    try:
+        return await work
+    finally:
+        await bus.stop()
+
+
 async def live_workers() -> list[str]:
     """The workers whose heartbeat is fresh (not this process unless it hosts connections)."""
     return await _from_heartbeats(bus.heartbeat.live_workers)

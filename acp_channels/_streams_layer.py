@@ -185,15 +185,21 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         return client
 
     async def close_pools(self) -> None:
-        """Close this event loop's connections (channels-redis's name for it), once its reads
-        end (within BLOCK_MS)."""
+        """Close this event loop's connections (channels-redis's name for it), ending its reads
+        at once: a blocking read may not see its cancellation until BLOCK_MS is over (redis-py
+        can swallow it), so its connection is closed under it."""
         loop = asyncio.get_running_loop()
         readers = [reader for reader in self._readers.pop(loop, {}).values() if not reader.done()]
         for reader in readers:
             reader.cancel()
+        client = self._clients.pop(loop, None)
+        if client is not None:
+            await client.connection_pool.disconnect()  # the connections in use too
         if readers:
             await asyncio.wait(readers)
-        client = self._clients.pop(loop, None)
+            for reader in readers:
+                if not reader.cancelled():
+                    reader.exception()  # its connection closed under it: expected, and seen
         if client is not None:
             await client.aclose()
 

@@ -399,11 +399,19 @@ class Bus:
         task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
+        """Stop serving and calling (a runner's or a management command's last step): the
+        heartbeat, the inbox, and this event loop's connections to the layer."""
         self.heartbeat.stop()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
+        close = getattr(self._layer, "close_pools", None)  # a Redis layer's
+        if close is not None:
+            try:
+                await close()
+            except Exception as error:  # Redis already gone: nothing left to close cleanly
+                logger.debug("closing the channel layer's connections failed: %s", error)
 
 
 bus = Bus()

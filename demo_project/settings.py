@@ -58,7 +58,7 @@ TIME_ZONE = "UTC"
 REDIS_URL = os.environ.get("REDIS_URL")
 CHANNEL_LAYERS = {
     "default": {
-        # channels-redis with a connection pool that waits instead of failing under a burst.
+        # Our Redis Streams layer (redis-py; a connection pool that waits under a burst).
         "BACKEND": "acp_channels.layers.RedisChannelLayer",
         "CONFIG": {
             "hosts": [REDIS_URL],

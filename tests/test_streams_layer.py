@@ -379,3 +379,28 @@ async def test_a_stream_that_expired_under_its_receiver_is_read_again(make_layer
     await layer.send("quiet", {"type": "second"})
     assert (await asyncio.wait_for(waiting, 15))["type"] == "second"
     await layer.close_pools()
+
+
+@pytest.mark.parametrize("turns", range(8))
+async def test_closing_ends_a_read_at_once_wherever_it_is(
+    make_layer: Any, turns: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process that is done (a management command, a runner that drained) closes the layer
+    while a receive's read is under way: the close does not wait for the read's block to run
+    out (a minute here). redis-py swallows a cancellation that lands while a read is being sent
+    (here after 2 to 4 turns of the loop), and that read then blocked the close, and every
+    `manage.py acp_end_connection`, for the five seconds of BLOCK_MS. Nothing is left behind:
+    no read task, no unretrieved error."""
+    monkeypatch.setattr("acp_channels._streams_layer.BLOCK_MS", 60_000)
+    layer = make_layer()
+    channel = await layer.new_channel()
+    await layer.send(channel, {"type": "test.message"})
+    await layer.receive(channel)  # the next read also deletes what this one read (a pipeline)
+    waiting = asyncio.ensure_future(layer.receive(channel))
+    for _ in range(turns):
+        await asyncio.sleep(0)  # the read is that far along when the process closes the layer
+    waiting.cancel()
+    async with asyncio.timeout(10):
+        await layer.close_pools()
+    assert not [task for task in asyncio.all_tasks() if task.get_name().startswith("acp-layer-read")]
+    assert "never retrieved" not in caplog.text

@@ -23,6 +23,7 @@ from acp_channels._cluster_admin import (
     live_workers,
     runner_loads,
     shared_layer,
+    then_close,
 )
 from acp_channels._inventory import ConnectionInfo
 from acp_channels._worker import bus
@@ -40,7 +41,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         bus.hosts_connections = False  # a caller, not a worker: no heartbeat, never listed
         try:
-            workers, connections, silent, runners = asyncio.run(_gather(None))
+            workers, connections, silent, runners = asyncio.run(then_close(_gather(None)))
         except ClusterUnreachable as error:
             raise CommandError(f"cannot reach the workers: {error}") from None
         if options["json"]:

@@ -13,7 +13,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from acp_channels._cluster_admin import ClusterUnreachable, WorkerDidNotAnswer, end_connection, shared_layer
+from acp_channels._cluster_admin import (
+    ClusterUnreachable,
+    WorkerDidNotAnswer,
+    end_connection,
+    shared_layer,
+    then_close,
+)
 from acp_channels._worker import bus
 
 
@@ -28,7 +34,7 @@ class Command(BaseCommand):
         connection_id: str = options["connection_id"]
         try:
             shared_layer()  # an in-memory layer: this process is alone, say so
-            ended = asyncio.run(end_connection(connection_id))
+            ended = asyncio.run(then_close(end_connection(connection_id)))
         except (ClusterUnreachable, WorkerDidNotAnswer) as error:
             raise CommandError(f"could not end {connection_id}: {error}") from None
         if not ended:
