@@ -221,8 +221,10 @@ async def test_sigterm_drains_a_runner_the_turn_finishes_and_new_connections_go_
             assert (await post(http, cluster.url, rpc(2, "custom/echo"), connection_id, "s")).status_code == 202
             assert (await stream.next())["id"] == 2
             # ...and takes no new one.
-            for _ in range(4):
-                assert runner_of(await initialize(http, cluster.url)) == other.runner_id
+            placed = [await initialize(http, cluster.url) for _ in range(4)]
+            assert {runner_of(placed_id) for placed_id in placed} == {other.runner_id}
+            for placed_id in placed:  # else the other runner drains them at the cluster's stop
+                assert (await http.delete(cluster.url, headers={"Acp-Connection-Id": placed_id})).status_code == 202
             assert (await http.delete(cluster.url, headers={"Acp-Connection-Id": connection_id})).status_code == 202
         # Its last connection ended: it exits well before its drain deadline.
         assert await asyncio.to_thread(draining.process.wait, 10) == 0
