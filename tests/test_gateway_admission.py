@@ -8,6 +8,8 @@ principal's quota), test_agent_start_failure.py (500 and 1011 when the agent can
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 import logging
 from typing import Any
@@ -172,3 +174,71 @@ async def test_with_runners_a_redis_that_does_not_answer_is_layer_unavailable(
         await connection.initialize(Single(rpc(0, "initialize", {"protocolVersion": 1})), 0)
     assert (unavailable.value.status, unavailable.value.retry_after) == (503, 1)
     assert "Connection refused" in str(unavailable.value)
+
+
+RUNNERS_WITH_ROOM = {
+    "runner00000a": {"connections": 3, "room": True, "draining": False},
+    "runner00000b": {"connections": 3, "room": True, "draining": False},
+}
+
+
+async def test_a_burst_of_initializes_shares_one_read_of_the_runners_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, every initialize that found the loads stale read them again, each taking a
+    connection of the heartbeat's small pool: a burst of a thousand ran it dry (503s)."""
+    from acp_channels._gateway import placement
+    from acp_channels._worker import bus
+
+    reads = 0
+    answer = asyncio.Event()
+
+    async def runner_loads() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        await answer.wait()
+        return RUNNERS_WITH_ROOM
+
+    monkeypatch.setattr(bus.heartbeat, "runner_loads", runner_loads)
+    view = placement.RunnerView()
+    burst = [asyncio.ensure_future(view.candidates()) for _ in range(200)]
+    await asyncio.sleep(0)  # every one of them is waiting for the loads now
+    burst[0].cancel()  # a client that leaves does not take the read from the others
+    answer.set()
+    results = await asyncio.gather(*burst[1:])
+    assert reads == 1
+    assert all(sorted(result) == sorted(RUNNERS_WITH_ROOM) for result in results)
+
+
+async def test_initializes_in_flight_spread_over_the_runners(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Open counts for its runner while it is on its way: the initializes of a burst go to
+    both runners alike (before, each counted only once answered, and all of them went to the
+    runner that looked emptiest when the burst began)."""
+    from acp_channels._gateway import placement
+    from acp_channels._worker import bus
+    from acp_channels._worker_protocol import Opened
+
+    async def runner_loads() -> dict[str, Any]:
+        return RUNNERS_WITH_ROOM
+
+    asked: list[str] = []
+    all_asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def call(worker_id: str, op: Any, *, timeout: float, receipt: bool = False) -> Any:
+        asked.append(worker_id)
+        if len(asked) == 40:
+            all_asked.set()
+        await answer.wait()
+        return Opened('{"jsonrpc":"2.0","id":0,"result":{}}', True)
+
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AGENT_HOSTS": "runners"}
+    monkeypatch.setattr(bus.heartbeat, "runner_loads", runner_loads)
+    monkeypatch.setattr(bus, "call", call)
+    monkeypatch.setattr(placement, "runners", placement.RunnerView())
+    connections = [await open_connection("http", ANONYMOUS, None) for _ in range(40)]
+    opening = [asyncio.ensure_future(connection.open()) for connection in connections]
+    await asyncio.wait_for(all_asked.wait(), TIMEOUT)  # every Open is on its way at once
+    answer.set()
+    await asyncio.gather(*opening)
+    assert sorted(collections.Counter(asked).values()) == [20, 20]
+    # Answered, they count as placed until the loads are read again: the next one goes where
+    # fewer are.
+    assert len(await placement.runners.candidates()) == 2

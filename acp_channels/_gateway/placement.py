@@ -12,6 +12,7 @@ connection on another worker.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any, Final
@@ -30,6 +31,7 @@ from acp_channels._worker_protocol import (
     Open,
     Opened,
     OpenRefused,
+    Reply,
     Terminate,
     describe,
 )
@@ -42,35 +44,65 @@ OPEN_TIMEOUTS: Final = 2
 
 
 class RunnerView:
-    """This process's picture of the runners: their published loads, plus what it placed since."""
+    """This process's picture of the runners: their published loads, plus what it placed since
+    and what it is placing now (an Open in flight counts for its runner at once, so a burst of
+    initializes spreads over the runners instead of all going to the one that looked emptiest)."""
 
     def __init__(self) -> None:
         self._loads: dict[str, dict[str, Any]] = {}
         self._read_at = -RUNNERS_FRESH
         self._placed: dict[str, int] = {}
+        self._opening: dict[str, int] = {}
+        self._reading: asyncio.Task[None] | None = None
 
     async def candidates(self) -> list[str]:
         """Live runners that said they have room, the least loaded first."""
-        now = time.monotonic()
-        if now - self._read_at >= RUNNERS_FRESH:
-            bus.ensure_listening()  # connects the heartbeat's reading client
-            try:
-                self._loads = await bus.heartbeat.runner_loads()
-            except Exception as error:
-                if not layer_failure(error):
-                    raise
-                # Redis is down or out of reach: 503, try again (not a 500)
-                raise LayerUnavailable(str(error) or type(error).__name__) from error
-            self._read_at, self._placed = now, {}
+        if time.monotonic() - self._read_at >= RUNNERS_FRESH:
+            await self._read()
         open_to_us = [runner for runner, load in self._loads.items() if load.get("room") and not load.get("draining")]
         return sorted(open_to_us, key=lambda runner: self._connections(runner))
 
+    async def _read(self) -> None:
+        """Read the loads again, once for all the callers that find them stale: a burst of
+        initializes shares one read (each one reading took every connection of the heartbeat's
+        small pool, and the rest got 503). Shielded: a caller that leaves does not cancel the
+        read the others wait for."""
+        loop = asyncio.get_running_loop()
+        reading = self._reading
+        if reading is None or reading.done() or reading.get_loop() is not loop:
+            reading = self._reading = loop.create_task(self._read_loads(), name="acp-runner-loads")
+        await asyncio.shield(reading)
+
+    async def _read_loads(self) -> None:
+        started = time.monotonic()
+        bus.ensure_listening()  # connects the heartbeat's reading client
+        try:
+            loads = await bus.heartbeat.runner_loads()
+        except Exception as error:
+            if not layer_failure(error):
+                raise
+            # Redis is down or out of reach: 503, try again (not a 500)
+            raise LayerUnavailable(str(error) or type(error).__name__) from error
+        self._loads, self._read_at, self._placed = loads, started, {}
+
     def _connections(self, runner: str) -> int:
         connections = self._loads[runner].get("connections", 0)
-        return (connections if isinstance(connections, int) else 0) + self._placed.get(runner, 0)
+        published = connections if isinstance(connections, int) else 0
+        return published + self._placed.get(runner, 0) + self._opening.get(runner, 0)
 
-    def placed(self, runner: str) -> None:
-        self._placed[runner] = self._placed.get(runner, 0) + 1
+    def opening(self, runner: str) -> None:
+        """An Open to `runner` is on its way: it counts there until `opened`."""
+        self._opening[runner] = self._opening.get(runner, 0) + 1
+
+    def opened(self, runner: str, placed: bool) -> None:
+        """The Open to `runner` was answered (`placed`: with a connection there)."""
+        left = self._opening.get(runner, 0) - 1
+        if left > 0:
+            self._opening[runner] = left
+        else:
+            self._opening.pop(runner, None)
+        if placed:
+            self._placed[runner] = self._placed.get(runner, 0) + 1
 
     def refused(self, runner: str) -> None:
         """The runner took no connection: not asked again until the loads are read again."""
@@ -101,14 +133,17 @@ class PlacedConnection:
         for runner in await runners.candidates():
             self.runner, self.connection_id = runner, new_connection_id(runner)
             op = Open(self.connection_id, self.principal, self.transport, self.remote_address, text, init_id)
+            runners.opening(runner)
+            reply: Reply | None = None
             try:
                 reply = await bus.call(runner, op, timeout=timeout + OPEN_TIMEOUTS * worker_timeout(), receipt=True)
             except (HostUnreachable, WorkerBusy) as error:  # gone, or too busy to take it: the next
                 logger.warning("runner %s did not take a new connection: %s", runner, error)
                 runners.refused(runner)
                 continue
+            finally:
+                runners.opened(runner, placed=isinstance(reply, Opened))
             if isinstance(reply, Opened):
-                runners.placed(runner)
                 return reply
             if isinstance(reply, OpenRefused):
                 runners.refused(runner)
