@@ -224,5 +224,8 @@ class Cluster:
     def stop(self) -> None:
         if self.balancer is not None:
             self.balancer.stop()
-        for worker in [*self.workers, *self.runners]:
-            worker.stop()
+        servers = [*self.workers, *self.runners]
+        for server in servers:
+            server.terminate()  # all draining at once
+        for server in servers:
+            server.stop()

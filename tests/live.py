@@ -58,6 +58,8 @@ class ServerProcess:
     process: subprocess.Popen[str] | Forked | None = None
     log: list[str] = field(default_factory=list)
     started: bool = False
+    #: SIGTERM was sent (`terminate`): not again (a second one may mean "now" to a server).
+    terminated: bool = False
 
     #: Serve https:// and wss:// with this certificate (where the server supports it).
     tls: DevCertificate | None = None
@@ -83,6 +85,7 @@ class ServerProcess:
         then start side by side."""
         argv, cwd, env = self.command()
         self.process = self.popen(argv, cwd, env)
+        self.terminated = False
         self._listening = threading.Event()
         threading.Thread(target=self._pump, args=(self._listening,), daemon=True).start()
         return self
@@ -120,9 +123,15 @@ class ServerProcess:
         """The process said it listens (`listening` matched)."""
         self.port = int(match.group(1))
 
+    def terminate(self) -> None:
+        """SIGTERM, once, without waiting: several servers stop side by side (`stop` waits)."""
+        if self.process is not None and self.process.poll() is None and not self.terminated:
+            self.terminated = True
+            self.process.terminate()
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
+            self.terminate()
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
