@@ -106,7 +106,7 @@ def render(data: dict[str, Any]) -> str:
         "runners too), the load generator to CPU 1, on a 2-core machine other work was running on",
         "too (load average before and after each run): wall times are noisy; what must hold is that",
         "every client passes. Runners: the web workers host no agent and place each connection on",
-        "one of the two runners (AGENT_HOSTS \"runners\", docs/runners.md; MAX_CONNECTIONS 2,000 each).",
+        'one of the two runners (AGENT_HOSTS "runners", docs/runners.md; MAX_CONNECTIONS 2,000 each).',
         "",
     ]
     for run in data["runs"]:
@@ -130,6 +130,16 @@ def render(data: dict[str, Any]) -> str:
                         f"| {LABELS[key]} | {'HTTP+SSE' if transport == 'http' else 'WebSocket'} | {row['clients']:,} "
                         f"| {row['completed']:,} | {row['seconds']:.1f} | {row['peak_rss_mb']:.0f} | {errors} |"
                     )
+        placed = [
+            f"{'HTTP+SSE' if transport == 'http' else 'WebSocket'} {row['clients']:,}: "
+            + " + ".join(f"{n:,}" for n in row["runners"])
+            for key in SERVERS
+            for transport in ("http", "ws")
+            for row in run["servers"].get(key, {}).get(transport, [])
+            if "runners" in row
+        ]
+        if placed:
+            lines += ["", "Connections each runner opened (its audit log): " + "; ".join(placed) + "."]
         if run.get("note"):
             lines += ["", run["note"]]
         lines.append("")

@@ -350,6 +350,7 @@ async def fanout(key: str, sizes: dict[str, Any]) -> dict[str, Any]:
         levels = []
         try:
             for clients in sizes["fanout"]:
+                placed_before = server.placements()
                 with RssSampler(server.pids()) as rss:
                     result = await scenarios.run_fanout(
                         transport,
@@ -368,9 +369,13 @@ async def fanout(key: str, sizes: dict[str, Any]) -> dict[str, Any]:
                         "errors": result.errors[:5],
                     }
                 )
+                if (placed := server.placements()) is not None and placed_before is not None:
+                    # connections each runner opened at this level (its audit log, read as it comes)
+                    levels[-1]["runners"] = [now - then for now, then in zip(placed, placed_before, strict=True)]
                 log(
                     f"  {key} fanout {transport} {clients}: {result.completed} completed in {result.seconds:.2f} s, "
                     f"peak RSS {rss.peak / 2**20:.0f} MB {result.errors[:2]}"
+                    + (f", per runner {levels[-1]['runners']}" if "runners" in levels[-1] else "")
                 )
                 await asyncio.sleep(0.5)
         finally:
@@ -427,7 +432,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for key, measured in (await bench_servers(servers, sizes)).items():
                 results["servers"][key].update(measured)
             for server in servers.values():
-                if isinstance(server, Cluster):
+                if isinstance(server, Cluster) and not server.runners:  # the layouts of agents on workers
                     log("cluster layouts: same worker / across workers, taking turns")
                     results["cluster_layout"] = await cluster_layouts(server, sizes)
         finally:

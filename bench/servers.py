@@ -33,6 +33,8 @@ LISTENING = re.compile(r"LISTENING (\d+)")
 #: A runner's readiness line (`manage.py acp_runner`, on stderr); its pid stands where a server's
 #: port would (Proc.port), since a runner serves no HTTP.
 RUNNER_READY = re.compile(r"acp runner \w+ ready \(pid (\d+)\)")
+#: The audit line of a connection a runner (or worker) opens.
+RUNNER_OPENED = re.compile(r"acp_channels\.audit connection opened ")
 
 
 def free_port() -> int:
@@ -52,6 +54,9 @@ class Proc:
     port: int = 0
     process: subprocess.Popen[str] | None = None
     log: list[str] = field(default_factory=list)
+    #: Lines that match it are counted in `counted` (every one, past the log's cap).
+    count: re.Pattern[str] | None = None
+    counted: int = 0
 
     def start(self, timeout: float = 60.0) -> Proc:
         env = {
@@ -81,6 +86,8 @@ class Proc:
         for line in self.process.stdout:
             if len(self.log) < 5000:
                 self.log.append(line)
+            if self.count is not None and self.count.search(line):
+                self.counted += 1
             if not self.port and (match := self.ready.search(line)):
                 self.port = int(match.group(1))
                 ready.set()
@@ -132,12 +139,14 @@ def daphne(name: str, app: str, env: dict[str, str] | None = None) -> Proc:
 
 def runner(name: str, env: dict[str, str] | None = None) -> Proc:
     """`manage.py acp_runner` (docs/runners.md): hosts agents, serves no HTTP. A drain of 1 s on
-    SIGTERM, as the workers' shutdown grace, so that stopping a server takes no minute."""
+    SIGTERM, as the workers' shutdown grace, so that stopping a server takes no minute. Counts
+    the connections it opened (its audit log's lines)."""
     return Proc(
         name,
         [sys.executable, "manage.py", "acp_runner"],
         RUNNER_READY,
         {"ACP_RUNNER_DRAIN_SECONDS": "1", **(env or {})},
+        count=RUNNER_OPENED,
     )
 
 
@@ -178,6 +187,10 @@ class Server:
 
     def errors(self) -> list[str]:
         return [line for proc in self.procs for line in proc.errors()]
+
+    def placements(self) -> list[int] | None:
+        """Connections each runner opened so far (in order), for a layout with runners."""
+        return None
 
 
 class OursDaphne(Server):
@@ -362,6 +375,9 @@ class Cluster(Server):
         # Front to back: the balancer, the workers, the runners (which drain through Redis), Redis last.
         for proc in self.procs:
             proc.stop()
+
+    def placements(self) -> list[int] | None:
+        return [proc.counted for proc in self.runner_procs] if self.runners else None
 
     def worker_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.workers[index].port}/acp"
