@@ -26,7 +26,15 @@ from typing import Any
 
 from acp_channels import _protocol as protocol
 from acp_channels._conf import acp_settings
-from acp_channels._gateway import AgentClosed, AgentEnded, AgentNotStarted, QuotaExceeded, ServerFull, ShuttingDown
+from acp_channels._gateway import (
+    AgentClosed,
+    AgentEnded,
+    AgentNotStarted,
+    QuotaExceeded,
+    ServerFull,
+    ShuttingDown,
+    initialize_or_abandon,
+)
 from acp_channels._gateway.local import open_here
 from acp_channels._host import registry
 from acp_channels._lifecycle import lifecycle
@@ -65,15 +73,9 @@ async def serve_open(op: Open) -> Reply:
         return Opened("", True)
     frame = await protocol.read_frame(op.text)
     try:
-        reply = await connection.initialize(frame, json.loads(op.init_id))
+        reply = await initialize_or_abandon(connection, frame, json.loads(op.init_id), None)
     except (AgentClosed, AgentEnded):
-        await connection.abandon()
         return Closed()
-    except BaseException:
-        await asyncio.shield(connection.abandon())
-        raise
-    if not reply.accepted:
-        await connection.abandon()
     return Opened(reply.body, reply.accepted)
 
 

@@ -6,7 +6,6 @@ Each handler applies the reference's checks in its order (docs/wire-contract.md 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
@@ -36,6 +35,7 @@ from acp_channels._gateway import (
     TooManyStreams,
     WorkerBusy,
     WorkerFailed,
+    initialize_or_abandon,
     locate,
     open_connection,
 )
@@ -238,25 +238,16 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int, princi
         return error_response(error)
     timeout: float | None = acp_settings.INITIALIZE_TIMEOUT
     try:
-        async with asyncio.timeout(timeout):
-            reply = await connection.initialize(frame, init_id)
-    except NOT_OPENED as error:  # no runner took it: nothing to abandon
+        reply = await initialize_or_abandon(connection, frame, init_id, timeout)
+    except NOT_OPENED as error:  # no runner took it
         return error_response(error)
     except REACHING_THE_HOST as error:
-        await asyncio.shield(connection.abandon())
         return host_unavailable(error)
     except (AgentClosed, AgentEnded) as error:
-        await connection.abandon()
         return error_response(error)
     except TimeoutError:
-        await connection.abandon()
         return text_response(504, f"agent did not answer initialize within {timeout:g} s")
-    except BaseException:
-        # The client went away (the view is cancelled) or the agent failed: nothing may remain.
-        await asyncio.shield(connection.abandon())
-        raise
     if not reply.accepted:
-        await connection.abandon()
         return json_response(reply.body)
     return json_response(reply.body, connection.connection_id)
 

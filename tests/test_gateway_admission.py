@@ -242,3 +242,25 @@ async def test_initializes_in_flight_spread_over_the_runners(settings: Any, monk
     # Answered, they count as placed until the loads are read again: the next one goes where
     # fewer are.
     assert len(await placement.runners.candidates()) == 2
+
+
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [({"hang": True}, 504), ({"reject": True}, 200), ({"exit": True}, 500)],
+    ids=["no-answer", "rejected", "agent-ended"],
+)
+async def test_an_initialize_that_is_not_accepted_leaves_no_connection(
+    application: Any, settings: Any, params: dict[str, Any], status: int
+) -> None:
+    """An agent that does not answer initialize within INITIALIZE_TIMEOUT (504), rejects it
+    (the agent's error, 200, no connection id) or ends before answering (500): whatever the answer,
+    the connection it would have been is gone (`gateway.initialize_or_abandon`)."""
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "INITIALIZE_TIMEOUT": 0.2}
+    before = len(registry)
+    body = json.dumps(rpc(0, "initialize", {"protocolVersion": 1, **params})).encode()
+    communicator = HttpCommunicator(
+        application, "POST", "/acp", body=body, headers=[HOST, (b"content-type", b"application/json")]
+    )
+    response = await communicator.get_response(TIMEOUT)
+    assert (response["status"], b"acp-connection-id" in dict(response["headers"])) == (status, False)
+    assert len(registry) == before

@@ -28,7 +28,13 @@ answer are re-exported below.
 """
 
 from acp_channels._gateway.handles import HostHandle, SocketAttachment, SocketEnd, StreamReader
-from acp_channels._gateway.local import NewConnection, admission_refusal, locate, open_connection
+from acp_channels._gateway.local import (
+    NewConnection,
+    admission_refusal,
+    initialize_or_abandon,
+    locate,
+    open_connection,
+)
 from acp_channels._gateway.serve import cluster_connections, end_connection
 from acp_channels._host import (
     AgentEnded,
@@ -78,6 +84,7 @@ __all__ = [
     "admission_refusal",
     "cluster_connections",
     "end_connection",
+    "initialize_or_abandon",
     "locate",
     "open_connection",
 ]

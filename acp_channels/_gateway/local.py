@@ -75,6 +75,24 @@ async def open_connection(
     return open_here(transport, principal, remote_address)
 
 
+async def initialize_or_abandon(
+    connection: NewConnection | PlacedConnection, frame: Frame, init_id: object, timeout: float | None
+) -> InitializeReply:
+    """The agent's reply to a new connection's `initialize`, waited for up to `timeout`. A
+    connection whose initialize fails (an error, TimeoutError, or the caller cancelled: the
+    client left) or is not accepted is abandoned first, so nothing remains of it; the exception
+    goes on to the caller, who answers it."""
+    try:
+        async with asyncio.timeout(timeout):
+            reply = await connection.initialize(frame, init_id)
+    except BaseException:
+        await asyncio.shield(connection.abandon())
+        raise
+    if not reply.accepted:
+        await connection.abandon()
+    return reply
+
+
 def open_here(
     transport: TransportKind, principal: Principal, remote_address: str | None, connection_id: str | None = None
 ) -> NewConnection:

@@ -150,8 +150,9 @@ class PlacedConnection:
                 if reply.reason == "quota":
                     quota = QuotaExceeded(reply.limit)
                 continue
-            if isinstance(reply, AgentFailed):
-                raise AgentNotStarted(self.connection_id)
+            if isinstance(reply, AgentFailed):  # nothing was made on the runner: nothing to abandon
+                failed, self.connection_id = self.connection_id, ""
+                raise AgentNotStarted(failed)
             if isinstance(reply, Closed):
                 raise AgentEnded("agent closed before initialize response")
             raise WorkerFailed(op.name, describe(reply), reply)
