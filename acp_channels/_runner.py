@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from acp_channels import _journal
 from acp_channels import _protocol as protocol
 from acp_channels._conf import acp_settings
 from acp_channels._gateway import (
@@ -104,6 +105,7 @@ async def run(announce: Callable[[str], object] = _to_stderr) -> None:
     bus.handle(Open, serve_open)
     bus.load = load
     bus.ensure_listening()
+    _journal.enable(bus.layer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -111,5 +113,10 @@ async def run(announce: Callable[[str], object] = _to_stderr) -> None:
     announce(f"acp runner {WORKER_ID} ready (pid {os.getpid()})")
     await stop.wait()
     await drain(acp_settings.RUNNER_DRAIN_SECONDS)
+    if _journal.writer is not None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):  # the ended connections' journals are deleted
+                await _journal.writer.drain()
+        _journal.disable()
     await bus.stop()
     logger.info("runner %s stopped", WORKER_ID)

@@ -184,6 +184,12 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
             self._scripts[client] = client.register_script(_ADD)
         return client
 
+    def redis(self) -> Redis:
+        """This event loop's redis-py client on the layer's Redis (for structures of the site
+        kept next to the layer's, such as acp-channels' output journals; keys under
+        `key_prefix`)."""
+        return self._client()
+
     async def close_pools(self) -> None:
         """Close this event loop's connections (channels-redis's name for it), ending its reads
         at once: a blocking read may not see its cancellation until BLOCK_MS is over (redis-py

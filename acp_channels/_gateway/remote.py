@@ -11,8 +11,10 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any, NoReturn
 
+from acp_channels import _journal
 from acp_channels import _protocol as protocol
 from acp_channels._agents.channel import AgentClosed
+from acp_channels._conf import acp_settings
 from acp_channels._gateway.handles import (
     SUBMIT_TIMEOUT,
     TERMINATE_TIMEOUT,
@@ -20,6 +22,7 @@ from acp_channels._gateway.handles import (
     SocketAttachment,
     SocketEnd,
     StreamReader,
+    logger,
 )
 from acp_channels._host import (
     Delivery,
@@ -32,7 +35,7 @@ from acp_channels._host import (
 from acp_channels._identity import Principal
 from acp_channels._lifecycle import lifecycle
 from acp_channels._protocol import InboundPlan, SessionHeaderError, StreamKey
-from acp_channels._worker import SLOW_WORKER_PATIENCE, TAKE_WAIT, WORKER_ID, bus, worker_timeout
+from acp_channels._worker import MAX_TAKE_BYTES, SLOW_WORKER_PATIENCE, TAKE_WAIT, WORKER_ID, bus, worker_timeout
 from acp_channels._worker_protocol import (
     ACK_DELAY,
     PUSH_CREDIT_BATCHES,
@@ -124,12 +127,35 @@ class RemoteHandle:
         return f"{WORKER_ID}-{next(_lease_ids)}"
 
     async def lease(self, key: StreamKey, resume: str | None = None) -> StreamReader:
+        """A reader of the stream; one that resumes gets what the stream's journal in Redis
+        holds after its cursor from here (a runner's connection), then the rest from the host."""
+        replay = await self._read_journal(key, resume)
         reader = RemoteStream(self.worker_id, self._new_lease())
-        op = Lease(self.connection_id, self.principal, reader.lease_id, WORKER_ID, key, resume)
-        # The answer may wait for a probe of a stale reader.
-        leased = await reader.leasing(self._call(op, 2 * worker_timeout(), Leased))
+        cursor = resume if replay is None else replay.cursor
+        op = Lease(self.connection_id, self.principal, reader.lease_id, WORKER_ID, key, cursor)
+        try:
+            # The answer may wait for a probe of a stale reader.
+            leased = await reader.leasing(self._call(op, 2 * worker_timeout(), Leased))
+        except HostUnreachable:
+            if replay is None:
+                raise
+            return JournalReader(replay)  # the runner is gone: what Redis kept of its output
         reader.tag = leased.tag
+        if replay is not None:
+            reader.replay(replay)
         return reader
+
+    async def _read_journal(self, key: StreamKey, resume: str | None) -> _journal.Replay | None:
+        """What the stream's journal holds after the cursor `resume`; None when there is no
+        journal to read (no cursor, AGENT_HOSTS "workers", or Redis failed: the host answers)."""
+        parsed = None if resume is None else protocol.parse_event_id(resume)
+        if parsed is None or acp_settings.AGENT_HOSTS != "runners":
+            return None
+        try:
+            return await _journal.read(bus.layer, self.connection_id, self.principal, key, *parsed)
+        except Exception as error:  # the host has the window too
+            logger.debug("reading the journal of %s failed: %s", self.connection_id, error)
+            return None
 
     async def attach_socket(self, last_seq: int) -> SocketAttachment:
         socket = RemoteSocket(self, self._new_lease())
@@ -159,6 +185,8 @@ class RemoteStream:
         self.acked = 0
         self._unacked_bytes = 0
         self._batches: deque[Pushed] = deque()
+        #: Events read from the stream's journal, handed out before the first push.
+        self._replayed: deque[Delivery] = deque()
         self._end: PushEnded | None = None
         self._arrived = asyncio.Event()
         self._ack_timer: asyncio.TimerHandle | None = None
@@ -197,6 +225,9 @@ class RemoteStream:
         if self._keep_alive_at is None:
             self._keep_alive_at = loop.time() + TAKE_WAIT
         while not lifecycle.draining:  # a draining worker ends the streams it serves
+            if self._replayed:
+                self._returned_bytes = 0  # nothing the host pushed: nothing to acknowledge
+                return self._replayed.popleft()
             if self._batches:
                 batch = self._batches.popleft()
                 self.returned = batch.seq
@@ -221,6 +252,10 @@ class RemoteStream:
                     await self._arrived.wait()
         self.end_reason = "draining"
         return None
+
+    def replay(self, replay: _journal.Replay) -> None:
+        """Hand out the events read from the journal first, in batches of at most about MAX_TAKE_BYTES."""
+        self._replayed.extend(replay_batches(replay))
 
     async def _keep_alive(self) -> bool:
         """Tell the host this reader is still here (and what it wrote); False: the stream ends."""
@@ -283,6 +318,37 @@ class RemoteStream:
         if self.lease_id in _active_readers:
             _active_readers.discard(self.lease_id)
             bus.post(self.worker_id, Release(self.lease_id, self.returned, end))
+
+
+def replay_batches(replay: _journal.Replay) -> list[Delivery]:
+    batches: list[Delivery] = []
+    items: list[str] = []
+    first, size = replay.after + 1, 0
+    for item in replay.items:
+        if items and size + len(item) > MAX_TAKE_BYTES:
+            batches.append(Delivery(items, first))
+            first, items, size = first + len(items), [], 0
+        items.append(item)
+        size += len(item)
+    if items:
+        batches.append(Delivery(items, first))
+    return batches
+
+
+class JournalReader:
+    """A resuming SSE reader whose runner is gone: the events the journal kept after its
+    cursor, then the end of the stream (a new request finds the connection gone: 404)."""
+
+    def __init__(self, replay: _journal.Replay) -> None:
+        self.tag = replay.tag
+        self._batches = deque(replay_batches(replay))
+        self.end_reason: SocketEnd = "gone"
+
+    async def take(self, timeout: float | None) -> Delivery | None:
+        return self._batches.popleft() if self._batches else None
+
+    def release(self) -> None:
+        self._batches.clear()
 
 
 class RemoteSocket(RemoteStream):

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from acp_channels import _journal
 from acp_channels import _metrics as metrics
 from acp_channels import _protocol as protocol
 from acp_channels._agents.channel import AgentChannel, AgentClosed
@@ -333,6 +334,10 @@ class ConnectionHost:
                 first_seq=last_seq + 1,
                 **self._window,
             )
+            if _journal.writer is not None:
+                mailbox.journal = _journal.writer.stream(
+                    self.connection_id, self.principal, key, mailbox.tag, mailbox.last_sent_seq, mailbox.window_limits
+                )
             if self.ended.is_set():
                 mailbox.close()
         return mailbox

@@ -12,6 +12,7 @@ from typing import Final
 
 from acp_channels._handoff import LazyEvent
 from acp_channels._host.budget import OutboundBudget
+from acp_channels._journal import StreamJournal
 from acp_channels._protocol import parse_event_id
 from acp_channels.errors import ReplayUnavailable, StreamBusy
 
@@ -70,6 +71,9 @@ class Mailbox:
         self._window_events = window_events
         self._window_bytes = window_bytes
         self.last_read = 0.0  # loop time of the last take: the stream least recently read goes first
+        #: On a runner: the window's copy in Redis, which any web worker resumes from.
+        self.journal: StreamJournal | None = None
+        self.window_limits = (window_events, window_bytes)
         if window_events > 0 and window_bytes > 0:
             budget.windows.add(self)
             if budget.worker is not None:
@@ -184,6 +188,8 @@ class Mailbox:
         if freed:
             self._sent_bytes = sent_bytes
             self._budget.release(freed)
+            if self.journal is not None:
+                self.journal.trim(self._head_seq - len(sent))
 
     @property
     def window_bytes(self) -> int:
@@ -200,6 +206,8 @@ class Mailbox:
             freed += len(item)
         if freed:
             self._budget.release(freed)
+            if self.journal is not None:
+                self.journal.delete()  # a resume from before what is in flight starts over (409)
         return freed
 
     def release(self, token: object) -> None:
@@ -217,6 +225,9 @@ class Mailbox:
             self._items.clear()
             self._sent.clear()
             self._sent_bytes = self._in_flight = self._in_flight_count = 0
+            if self.journal is not None:
+                self.journal.delete()
+                self.journal = None
 
     async def take(
         self, timeout: float | None, max_bytes: int = TAKE_BYTES, holder: object | None = None, *, settle: bool = True
@@ -253,6 +264,8 @@ class Mailbox:
         self._sent.extend(items)
         self._sent_bytes += size
         self._head_seq += len(items)
+        if self.journal is not None:
+            self.journal.append(first_seq, items, self._head_seq - len(self._sent))
         self._in_flight += size  # 0 before, unless batches in flight are not settled yet
         self._in_flight_count += len(items)
         self.last_read = asyncio.get_running_loop().time()
