@@ -29,13 +29,16 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
 
 from acp_channels._conf import acp_settings
 from acp_channels._identity import Principal
 from acp_channels._protocol import StreamKey
+
+if TYPE_CHECKING:
+    from acp_channels._host.mailbox import Mailbox
 
 logger = logging.getLogger("acp_channels.journal")
 
@@ -46,6 +49,9 @@ JOURNAL_TTL_SECONDS: Final = 3600
 RETRY_SECONDS = 1.0
 #: Entries one read asks for at a time.
 READ_COUNT: Final = 512
+#: The tag of a WebSocket connection's journal (its messages are numbered across its sockets;
+#: a connection has either SSE streams or sockets, never both).
+SOCKET_TAG: Final = "socket"
 
 
 def journal_key(prefix: str, connection_id: str, principal: Principal, stream: StreamKey, tag: str) -> str:
@@ -226,6 +232,16 @@ def enable(layer: Any) -> None:
     global writer
     if _redis_of_layer_type(layer) and acp_settings.REPLAY_WINDOW_EVENTS > 0 and acp_settings.REPLAY_WINDOW_BYTES > 0:
         writer = JournalWriter(layer)
+
+
+def attach(
+    mailbox: Mailbox, connection_id: str, principal: Principal, stream: StreamKey, tag: str | None = None
+) -> None:
+    """Journal a new mailbox's output, when this process journals (a runner)."""
+    if writer is not None:
+        mailbox.journal = writer.stream(
+            connection_id, principal, stream, tag or mailbox.tag, mailbox.last_sent_seq, mailbox.window_limits
+        )
 
 
 def disable() -> None:

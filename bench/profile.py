@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.profile ours-uvicorn rtt ws
     .venv/bin/python -m bench.profile ours-daphne fanout http --clients 500
     .venv/bin/python -m bench.profile ours-3w-redis rtt http --worker 0   # the host's worker
+    .venv/bin/python -m bench.profile ours-3w-2r-redis rtt http --layout same --runner 0   # a runner
 
 Writes bench/profiles/<server>-<scenario>-<transport>.txt (shares of on-CPU samples by
 function, inclusive and self, and by package) and the raw collapsed stacks (.collapsed, for
@@ -158,6 +159,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--worker", type=int, default=0, help="cluster: which worker process to sample")
+    parser.add_argument("--runner", type=int, help="cluster with runners: sample this runner instead of a worker")
     parser.add_argument("--layout", choices=["balanced", "same", "cross"], default="balanced")
     parser.add_argument("--rate", type=int, default=200)
     args = parser.parse_args()
@@ -169,7 +171,10 @@ def main() -> None:
     server = SERVERS[args.server]().start()
     target = server.workers[args.worker] if isinstance(server, Cluster) else server.procs[0]
     name = f"{args.server}-{args.scenario}-{args.transport}" + (f"-{args.layout}" if args.layout != "balanced" else "")
-    if isinstance(server, Cluster):
+    if isinstance(server, Cluster) and args.runner is not None:
+        target = server.runner_procs[args.runner]
+        name += f"-runner{args.runner}"
+    elif isinstance(server, Cluster):
         name += f"-worker{args.worker}"
     out = HERE / "profiles"
     out.mkdir(exist_ok=True)

@@ -5,13 +5,15 @@ after its cursor; a journal holds the replay window only, and goes with its conn
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 
 import httpx
 import redis.asyncio as aioredis
+from websockets.asyncio.client import connect
 
 from tests.cluster import Cluster, RedisServer
-from tests.live import SSE, initialize, open_sse, post, rpc
+from tests.live import SSE, initialize, open_sse, post, rpc, wait_for_line
 from tests.test_runners_live import runner_of, running
 
 
@@ -108,5 +110,33 @@ async def test_a_journal_holds_the_window_only_and_goes_with_its_connection(
                     if not await journal_keys(redis, cluster, connection_id):
                         break
                     await asyncio.sleep(0.02)
+    finally:
+        await redis.aclose()
+
+
+async def test_a_socket_reattaching_on_another_web_worker_gets_the_journal_then_the_rest(
+    redis_server: RedisServer,
+) -> None:
+    redis = aioredis.Redis.from_url(redis_server.url)
+    try:
+        async with running(redis_server, runners=1) as cluster:
+            first, second = (worker.ws_url for worker in cluster.workers)
+            async with connect(first, subprotocols=["acp"], proxy=None) as ws:  # type: ignore[list-item]
+                assert ws.response is not None
+                connection_id = ws.response.headers["Acp-Connection-Id"]
+                await ws.send(json.dumps(rpc(0, "initialize", {"protocolVersion": 1})))
+                await ws.send(json.dumps(rpc(1, "test/burst", {"count": 3000})))
+                read = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in range(1001)]
+                assert read[0]["id"] == 0 and read[1000]["params"]["n"] == 999
+                # The runner hands the rest to this socket's web worker, and journals it.
+                await until_journaled(redis, cluster, connection_id, 3002)
+                # The client comes back on the other web worker, having read 1,001 messages.
+                headers = {"Acp-Connection-Id": connection_id, "Last-Event-ID": "1001"}
+                async with connect(second, subprotocols=["acp"], additional_headers=headers, proxy=None) as again:  # type: ignore[list-item]
+                    rest = [json.loads(await asyncio.wait_for(again.recv(), 10)) for _ in range(2001)]
+            assert [message["params"]["n"] for message in rest[:2000]] == list(range(1000, 3000))
+            assert rest[2000]["id"] == 1
+            line = await wait_for_line(cluster, f"connection {connection_id}: resumed after socket-1001")
+            assert int(line.split(", ")[-1].split()[0]) > 0  # messages served from Redis
     finally:
         await redis.aclose()

@@ -152,16 +152,27 @@ class RemoteHandle:
         if parsed is None or acp_settings.AGENT_HOSTS != "runners":
             return None
         try:
-            return await _journal.read(bus.layer, self.connection_id, self.principal, key, *parsed)
+            replay = await _journal.read(bus.layer, self.connection_id, self.principal, key, *parsed)
         except Exception as error:  # the host has the window too
             logger.debug("reading the journal of %s failed: %s", self.connection_id, error)
             return None
+        if replay is not None:
+            logger.info(
+                "connection %s: resumed after %s, %d messages from Redis", self.connection_id, resume, len(replay.items)
+            )
+        return replay
 
     async def attach_socket(self, last_seq: int) -> SocketAttachment:
+        """The connection's socket outbox, from message `last_seq` on: what its journal in Redis
+        holds from here (a runner's connection), the rest from the host."""
+        replay = await self._read_journal(None, f"{_journal.SOCKET_TAG}-{last_seq}")
         socket = RemoteSocket(self, self._new_lease())
-        op = LeaseSocket(self.connection_id, self.principal, socket.lease_id, WORKER_ID, last_seq)
+        resume = last_seq if replay is None else last_seq + len(replay.items)
+        op = LeaseSocket(self.connection_id, self.principal, socket.lease_id, WORKER_ID, resume)
         leased = await socket.leasing(self._call(op, 2 * worker_timeout(), SocketLeased))
         socket.received = leased.received
+        if replay is not None:
+            socket.replay(replay)
         return socket
 
     async def terminate(self) -> None:

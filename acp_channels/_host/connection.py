@@ -334,10 +334,7 @@ class ConnectionHost:
                 first_seq=last_seq + 1,
                 **self._window,
             )
-            if _journal.writer is not None:
-                mailbox.journal = _journal.writer.stream(
-                    self.connection_id, self.principal, key, mailbox.tag, mailbox.last_sent_seq, mailbox.window_limits
-                )
+            _journal.attach(mailbox, self.connection_id, self.principal, key)
             if self.ended.is_set():
                 mailbox.close()
         return mailbox
@@ -410,6 +407,7 @@ class ConnectionHost:
             self._socket_outbox = SocketOutbox(
                 self._budget, on_attach=self._grace.stop, on_detach=self._socket_detached, **self._window
             )
+            _journal.attach(self._socket_outbox, self.connection_id, self.principal, None, _journal.SOCKET_TAG)
         return self._socket_outbox
 
     async def _run_router(self) -> None:
