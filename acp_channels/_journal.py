@@ -47,6 +47,12 @@ logger = logging.getLogger("acp_channels.journal")
 JOURNAL_TTL_SECONDS: Final = 3600
 #: How long a failed write waits before it is tried again (Redis unreachable).
 RETRY_SECONDS = 1.0
+#: A journal's expiry is set again at most this often (and at its first append): a key that
+#: Redis lost and an append made again goes without an expiry at most this long.
+TTL_REFRESH_SECONDS: Final = 60.0
+#: How long the writer lets appends gather before it writes them (one round trip for the
+#: turns of many connections); a journal lags its runner by about this much.
+GATHER_SECONDS: Final = 0.005
 #: Entries one read asks for at a time.
 READ_COUNT: Final = 512
 #: The tag of a WebSocket connection's journal (its messages are numbered across its sockets;
@@ -72,6 +78,8 @@ class _Append:
     last: int
     data: bytes
     oldest: int
+    #: Set the key's expiry with this append.
+    expire: bool
 
 
 @dataclass
@@ -125,6 +133,7 @@ class JournalWriter:
             if not self._queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+            await asyncio.sleep(GATHER_SECONDS)
             ops = list(self._queue)
             try:
                 await self._write(ops)
@@ -158,7 +167,8 @@ class JournalWriter:
                 pipe.xadd(
                     op.key, {"f": op.first, "d": op.data}, id=f"{op.last}-0", minid=f"{op.oldest}-0", approximate=False
                 )
-                pipe.pexpire(op.key, ttl_ms)
+                if op.expire:
+                    pipe.pexpire(op.key, ttl_ms)
             replies = await pipe.execute(raise_on_error=False)
         for reply in replies:
             # An entry written by an attempt whose answer was lost: it is there, in order.
@@ -182,12 +192,14 @@ class StreamJournal:
     A batch is written as entries of at most an eighth of the window (in events and in bytes),
     so trimming to the window's oldest event keeps at most an eighth more than the window."""
 
-    __slots__ = ("chunk_bytes", "chunk_events", "key", "upto", "writer")
+    __slots__ = ("chunk_bytes", "chunk_events", "expiry_set_at", "key", "upto", "writer")
 
     def __init__(self, writer: JournalWriter, key: str, upto: int, window: tuple[int, int]) -> None:
         self.writer = writer
         self.key = key
         self.upto = upto
+        #: When an append last set the key's expiry (loop time); None: the next one does.
+        self.expiry_set_at: float | None = None
         self.chunk_events = max(1, window[0] // 8)
         self.chunk_bytes = max(1, window[1] // 8)
 
@@ -197,6 +209,10 @@ class StreamJournal:
         skip = self.upto + 1 - first_seq
         new = items[skip:] if skip > 0 else items
         first = first_seq + max(skip, 0)
+        now = asyncio.get_running_loop().time()
+        expire = self.expiry_set_at is None or now - self.expiry_set_at >= TTL_REFRESH_SECONDS
+        if expire and new:
+            self.expiry_set_at = now
         start = 0
         while start < len(new):
             end, size = start, 0
@@ -209,7 +225,8 @@ class StreamJournal:
                 end += 1
             last = first + end - 1
             data = msgpack.packb(list(new[start:end]), use_bin_type=True)
-            self.writer._put(_Append(self.key, first + start, last, data, min(oldest_kept, first + start)))
+            self.writer._put(_Append(self.key, first + start, last, data, min(oldest_kept, first + start), expire))
+            expire = False
             start = end
         if new:
             self.upto = first + len(new) - 1
@@ -219,6 +236,7 @@ class StreamJournal:
         self.writer._put(_Trim(self.key, oldest_kept))
 
     def delete(self) -> None:
+        self.expiry_set_at = None  # an append after this makes the key again
         self.writer._put(_Delete(self.key))
 
 

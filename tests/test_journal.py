@@ -151,3 +151,20 @@ async def test_a_write_that_fails_is_retried_in_order_and_leaves_no_hole(
     assert failures == 2
     replay = await _journal.read(layer, "conn-1", ALICE, "s", mailbox.tag, 0)
     assert replay is not None and replay.items == [f"event {n}" for n in range(1, 6)]
+
+
+async def test_a_journal_made_again_after_its_window_was_forgotten_expires_too(layer: StreamsChannelLayer) -> None:
+    writer = _journal.JournalWriter(layer)
+    mailbox = mailbox_with_journal(writer)
+    mailbox.push("one")
+    await take_all(mailbox)
+    mailbox.settle()
+    assert mailbox.forget_window() > 0  # the budget needed the room: the journal goes too
+    mailbox.push("two")
+    await take_all(mailbox)
+    await writer.drain()
+    assert mailbox.journal is not None
+    assert 0 < await layer.redis().pttl(mailbox.journal.key) <= _journal.JOURNAL_TTL_SECONDS * 1000
+    replay = await _journal.read(layer, "conn-1", ALICE, "s", mailbox.tag, 1)
+    assert replay is not None and replay.items == ["two"]
+    assert await _journal.read(layer, "conn-1", ALICE, "s", mailbox.tag, 0) is None  # "one" is gone
