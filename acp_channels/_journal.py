@@ -52,7 +52,7 @@ RETRY_SECONDS = 1.0
 TTL_REFRESH_SECONDS: Final = 60.0
 #: How long the writer lets appends gather before it writes them (one round trip for the
 #: turns of many connections); a journal lags its runner by about this much.
-GATHER_SECONDS: Final = 0.005
+GATHER_SECONDS: Final = 0.05
 #: Entries one read asks for at a time.
 READ_COUNT: Final = 512
 #: The tag of a WebSocket connection's journal (its messages are numbered across its sockets;
