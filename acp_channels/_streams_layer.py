@@ -59,6 +59,9 @@ DEFAULT_POOL_TIMEOUT: Final = 20.0
 DEFAULT_SOCKET_TIMEOUT: Final = 30.0
 #: The consumer group every receiver of an ordinary channel reads through.
 RECEIVERS: Final = "receivers"
+#: An entry of an ordinary channel read by a consumer and not acknowledged for this long is
+#: taken over by another (the reader died between its read and its acknowledgement).
+CLAIM_IDLE_MS: Final = 10_000
 #: How long one blocking read waits before it is issued again (a dropped connection or a stream
 #: that expired is then noticed); below the socket timeout.
 BLOCK_MS: Final = 5000
@@ -150,6 +153,10 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         self._scripts: weakref.WeakKeyDictionary[Redis, AsyncScript] = weakref.WeakKeyDictionary()
         #: Entries of this instance's own stream read and not yet deleted (deleted with the next read).
         self._read_ids: list[bytes] = []
+        #: Ordinary channels' streams whose next read takes this consumer's pending entries first.
+        self._recheck: dict[str, bool] = {}
+        #: Entries of ordinary channels in a buffer whose acknowledgement has not landed yet.
+        self._buffered: set[tuple[str, bytes]] = set()
         self._consumer = f"{self.client_prefix}-{secrets.token_hex(4)}"
         # process-specific channels: what was read for each, and where the shared stream was read up to
         self._buffers: dict[str, collections.deque[dict[str, Any]]] = collections.defaultdict(collections.deque)
@@ -281,25 +288,56 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
 
     async def _read_shared(self, stream: str, channel: str) -> None:
         """Take at most one message of an ordinary channel (through the receivers' group) into
-        its buffer."""
+        its buffer.
+
+        At least once, never twice: an entry is acknowledged (and deleted) after it is in the
+        buffer. A read or an acknowledgement that failed (a cut connection) leaves the entry in
+        this consumer's pending list, which the next read takes first, skipping what was already
+        buffered; once that list is empty, entries a vanished consumer left pending longer than
+        CLAIM_IDLE_MS are claimed (XAUTOCLAIM), as they are whenever a blocking read comes back
+        empty."""
         client = self._client()
+        pending = self._recheck.get(stream, True)
         try:
-            reply: Any = await client.xreadgroup(RECEIVERS, self._consumer, {stream: ">"}, count=1, block=BLOCK_MS)
+            if pending:
+                reply: Any = await client.xreadgroup(RECEIVERS, self._consumer, {stream: "0"}, count=1)
+            else:
+                reply = await client.xreadgroup(RECEIVERS, self._consumer, {stream: ">"}, count=1, block=BLOCK_MS)
         except ResponseError as error:
             # no group yet, or the stream expired (nobody sent for a while) under a reader
             if "NOGROUP" not in str(error) and "no longer exists" not in str(error):
                 raise
             await self._create_group(client, stream)
             return
-        if not reply:
+        except BaseException:
+            self._recheck[stream] = True  # the reply may be lost with the entry in it
+            raise
+        entries = reply[0][1] if reply else []
+        if not entries:
+            self._recheck[stream] = await self._claim_abandoned(client, stream)
             return
-        entry_id, fields = reply[0][1][0]
+        entry_id, fields = entries[0]
+        self._recheck[stream] = True
+        if (stream, entry_id) not in self._buffered and fields and not self._expired(entry_id):
+            self._buffers[channel].append(msgpack.unpackb(fields[b"m"], raw=False))
+        self._buffered.add((stream, entry_id))  # a pending entry read again is not delivered again
         async with client.pipeline(transaction=False) as pipe:
             pipe.xack(stream, RECEIVERS, entry_id)
             pipe.xdel(stream, entry_id)
             await pipe.execute()
-        if not self._expired(entry_id):
-            self._buffers[channel].append(msgpack.unpackb(fields[b"m"], raw=False))
+        self._buffered.discard((stream, entry_id))
+        self._recheck[stream] = pending  # more may be pending; a new entry needs no check
+
+    async def _claim_abandoned(self, client: Redis, stream: str) -> bool:
+        """Take over entries another consumer read and never acknowledged for CLAIM_IDLE_MS (its
+        process died, or its connection was cut for good); True when some were."""
+        try:
+            reply: Any = await client.xautoclaim(
+                stream, RECEIVERS, self._consumer, CLAIM_IDLE_MS, count=10, justid=True
+            )
+        except ResponseError:
+            return False  # no group or no stream any more: the next read makes it
+        return bool(reply)  # the ids claimed (redis-py answers only those with justid)
 
     async def _create_group(self, client: Redis, stream: str) -> None:
         try:
@@ -322,13 +360,14 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         """Read what came for this instance's process-specific channels, sort it into their
         buffers, then delete it from the stream (a read cut short is read again)."""
         client = self._client()
-        read_ids, self._read_ids = self._read_ids, []
+        read_ids = self._read_ids
         if read_ids:
             # What the last read took goes in the same round trip as the next read.
             async with client.pipeline(transaction=False) as pipe:
                 pipe.xdel(stream, *read_ids)
                 pipe.xread({stream: self._last_id}, count=100, block=BLOCK_MS)
                 _, reply = await pipe.execute()
+            self._read_ids = []
         else:
             reply = await client.xread({stream: self._last_id}, count=100, block=BLOCK_MS)
         if not reply:

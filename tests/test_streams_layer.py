@@ -404,3 +404,74 @@ async def test_closing_ends_a_read_at_once_wherever_it_is(
         await layer.close_pools()
     assert not [task for task in asyncio.all_tasks() if task.get_name().startswith("acp-layer-read")]
     assert "never retrieved" not in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["specific", "ordinary"])
+async def test_a_reader_whose_connection_is_cut_gets_every_message_once(
+    make_layer: Any, redis_server: RedisServer, prefix: str, kind: str
+) -> None:
+    """The inbound path's guarantee (docs/several-workers.md): Redis cuts the receiving
+    process's connections again and again while messages flow (a blocked read, the pipeline
+    that deletes what the last read took and reads on); each message still arrives once, in
+    order. A read whose reply was lost is read again from the same point (a process-specific
+    stream's last id, an ordinary channel's group)."""
+    from redis.asyncio import Redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    sender = make_layer(capacity=1000)
+    # Named, so that only its connections are cut (other tests share this Redis).
+    name = f"cut-{secrets.token_hex(4)}"
+    receiver = StreamsChannelLayer(
+        hosts=[{"address": redis_server.url, "client_name": name}], prefix=prefix, capacity=1000
+    )
+    channel = await receiver.new_channel() if kind == "specific" else "inbound"
+    total = 400
+    got: list[int] = []
+    cut = 0
+
+    async def receive_all() -> None:
+        while len(got) < total:
+            try:
+                got.append((await receiver.receive(channel))["n"])
+            except RedisConnectionError:  # the bus retries the same way (acp_channels/_worker.py)
+                continue
+
+    receiving = asyncio.ensure_future(receive_all())
+    admin = Redis.from_url(redis_server.url)
+    try:
+        for n in range(total):
+            await sender.send(channel, {"type": "test.message", "n": n})
+            if n % 20 == 10:
+                for client in await admin.client_list():
+                    if client.get("name") == name:
+                        cut += await admin.client_kill_filter(_id=client["id"])
+                await asyncio.sleep(0)
+        await asyncio.wait_for(receiving, 30)
+    finally:
+        receiving.cancel()
+        await admin.aclose()
+    assert cut >= 10  # the cuts happened
+    assert got == list(range(total))  # each once, in order
+    await receiver.close_pools()
+    await sender.close_pools()
+
+
+async def test_what_a_vanished_receiver_read_and_never_acknowledged_goes_to_another(
+    make_layer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receiver of an ordinary channel that died between its read and its acknowledgement
+    leaves the entry pending in the group: another receiver claims it once it is idle for
+    CLAIM_IDLE_MS, and the message is delivered, not silently dropped."""
+    monkeypatch.setattr("acp_channels._streams_layer.CLAIM_IDLE_MS", 100)
+    monkeypatch.setattr("acp_channels._streams_layer.BLOCK_MS", 200)
+    layer = make_layer()
+    await layer.send("work", {"type": "test.message", "n": 1})
+    client = layer.redis()
+    await layer._create_group(client, layer._stream("work"))
+    # A receiver in another process reads it, then its process dies.
+    taken = await client.xreadgroup("receivers", "vanished", {layer._stream("work"): ">"}, count=1)
+    assert taken and taken[0][1]
+    message = await asyncio.wait_for(layer.receive("work"), 10)
+    assert message["n"] == 1
+    await nothing_comes(layer, "work")  # once
+    await layer.close_pools()
