@@ -31,6 +31,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
@@ -67,6 +68,11 @@ logger = logging.getLogger("acp_channels.worker")
 WORKER_ID: Final = uuid.uuid4().hex[:12]
 TAKE_WAIT: Final = 3.0  # longest a remote take waits on the host for new output
 SEND_RETRY_SECONDS: Final = 5.0  # how long a send retries a full channel before giving up
+#: A send that failed in Redis may still have landed (the reply was lost with the connection):
+#: it is sent again, as is, after each of these delays; its receiver keeps only the first copy.
+RESEND_DELAYS: Final = (0.05, 0.2)
+#: Calls served lately, by request id, so that a second copy of one is not served again.
+SERVED_MEMORY: Final = 4096
 MAX_TAKE_BYTES: Final = 1024 * 1024  # one take reply carries at most about this much output
 
 
@@ -129,6 +135,8 @@ class Bus:
         self._handlers: dict[type[Op], OpHandler] = {}
         self._push_receivers: dict[str, PushReceiver] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The request ids of the calls taken lately.
+        self._served: OrderedDict[str, None] = OrderedDict()
         self.heartbeat = Heartbeat()
         #: False in a process that hosts no connection (a management command): it calls the
         #: workers and reads their replies, but has no heartbeat, so no worker counts it as one.
@@ -255,9 +263,11 @@ class Bus:
             self._push_receivers[lease] = receiver
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
-        """A direct send; a full channel is retried (backpressure), a broken layer is 503."""
+        """A direct send; a full channel is retried (backpressure), a failed one sent again as
+        is (RESEND_DELAYS: every message is safe to receive twice), a broken layer is 503."""
         deadline = time.monotonic() + SEND_RETRY_SECONDS
         delay = 0.005
+        resends = iter(RESEND_DELAYS)
         while True:
             try:
                 # Shielded: redis-py can swallow a cancellation that arrives mid-command, and a
@@ -271,9 +281,12 @@ class Bus:
                 await asyncio.sleep(delay)  # backoff: a full channel sends no event to await
                 delay = min(delay * 2, 0.2)
             except Exception as error:
-                if layer_failure(error):
+                if not layer_failure(error):
+                    raise
+                resend_after = next(resends, None)
+                if resend_after is None:
                     raise LayerUnavailable(str(error)) from error
-                raise
+                await asyncio.sleep(resend_after)  # a connection just cut: a new one is made
 
     def post(self, worker_id: str, op: Op) -> None:
         """Fire and forget (releases: ops that get no reply): failures are logged, never raised."""
@@ -324,6 +337,14 @@ class Bus:
                     message.get("reply_to"),
                 )
                 return
+            if isinstance(request_id, str):
+                if request_id in self._served:
+                    # A second copy (its sender did not learn that the first landed): served
+                    # once, and the reply to the first reaches the caller, which still waits.
+                    return
+                self._served[request_id] = None
+                if len(self._served) > SERVED_MEMORY:
+                    self._served.popitem(last=False)
             self._spawn(self._serve(message))
         elif kind == "acp.push":
             self._deliver_push(message)

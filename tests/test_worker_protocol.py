@@ -68,6 +68,7 @@ from acp_channels._worker_protocol import (
     UnknownOp,
     WorkerFailed,
 )
+from acp_channels.errors import LayerUnavailable
 from tests.gateway_bus import patch_bus
 
 ALICE = Principal("user", "7", "alice")
@@ -601,3 +602,70 @@ async def test_what_a_lost_reader_did_not_acknowledge_goes_back_in_order(loopbac
     assert mailbox.holder is None
     again = await mailbox.take(0)
     assert again is not None and list(again) == [f"item-{n}" for n in range(1, 6)] and again.first_seq == 2
+
+
+# -- a send that landed but failed -------------------------------------------------------------
+
+
+class LandsThenFails:
+    """A channel layer whose sends reach `peer` and then fail the first `failures` times, as a
+    Redis connection cut after the command ran: the sender cannot tell it landed."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.peer: Bus | None = None
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        assert self.peer is not None
+        self.peer._dispatch(wire(message))
+        if self.failures:
+            self.failures -= 1
+            from redis.exceptions import ConnectionError as RedisConnectionError
+
+            raise RedisConnectionError("Connection closed by server.")
+
+
+class UnlistenedBus(Bus):
+    def ensure_listening(self) -> None:
+        pass
+
+
+async def test_a_call_whose_send_landed_but_failed_is_sent_again_and_served_once() -> None:
+    caller, host = UnlistenedBus(), UnlistenedBus()
+    to_host, to_caller = LandsThenFails(failures=1), LandsThenFails(failures=1)
+    to_host.peer, to_caller.peer = host, caller
+    caller.use(to_host)
+    host.use(to_caller)
+    served: list[str] = []
+
+    async def serve_probe(op: Probe) -> Reply:
+        served.append(op.lease)
+        return Alive(True)
+
+    host.handle(Probe, serve_probe)
+    # The call lands twice (its send failed once after landing); so does the host's reply.
+    assert await caller.call("0123456789ab", Probe("lease-1"), timeout=5) == Alive(True)
+    assert served == ["lease-1"]  # served once
+    assert to_host.failures == 0 and to_caller.failures == 0
+
+
+async def test_a_send_that_keeps_failing_is_503_after_its_resends() -> None:
+    bus = UnlistenedBus()
+    layer = LandsThenFails(failures=10)
+    layer.peer = UnlistenedBus()
+    bus.use(layer)
+    with pytest.raises(LayerUnavailable):
+        await bus.send("acp.worker.x!inbox", {"type": "acp.push"})
+    assert layer.failures == 10 - 1 - len(worker.RESEND_DELAYS)
+
+
+async def test_a_push_that_arrives_twice_is_taken_once(loopback: LoopbackBus) -> None:
+    reader = gateway.remote.RemoteStream("0123456789ab", "lease-twice")
+    push = worker_protocol.Pushed("lease-twice", 1, 1, ("a", "b"))
+    loopback._deliver_push(wire(worker_protocol.encode_push(push)))
+    loopback._deliver_push(wire(worker_protocol.encode_push(push)))
+    first = await reader.take(0.1)
+    assert first is not None and list(first) == ["a", "b"]
+    again = await reader.take(0.1)
+    assert again is not None and list(again) == []  # a keep-alive's empty batch: nothing twice
+    reader.release()

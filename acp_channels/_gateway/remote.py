@@ -196,6 +196,8 @@ class RemoteStream:
         self.acked = 0
         self._unacked_bytes = 0
         self._batches: deque[Pushed] = deque()
+        #: The last batch pushed (seq).
+        self._pushed = 0
         #: Events read from the stream's journal, handed out before the first push.
         self._replayed: deque[Delivery] = deque()
         self._end: PushEnded | None = None
@@ -223,7 +225,8 @@ class RemoteStream:
     def _on_push(self, push: Pushed | PushEnded) -> None:
         if isinstance(push, PushEnded):
             self._end = push
-        else:
+        elif push.seq > self._pushed:  # a second copy of a push (Bus.send) is dropped
+            self._pushed = push.seq
             self._batches.append(push)
         self._arrived.set()
 
