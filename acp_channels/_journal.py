@@ -31,8 +31,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-import msgpack
-
 from acp_channels._conf import acp_settings
 from acp_channels._identity import Principal
 from acp_channels._protocol import StreamKey
@@ -58,6 +56,20 @@ READ_COUNT: Final = 512
 #: The tag of a WebSocket connection's journal (its messages are numbered across its sockets;
 #: a connection has either SSE streams or sockets, never both).
 SOCKET_TAG: Final = "socket"
+
+
+def _pack(items: list[str]) -> bytes:
+    import msgpack  # the redis extra's: only a runner on the Redis layer journals
+
+    data: bytes = msgpack.packb(items, use_bin_type=True)
+    return data
+
+
+def _unpack(data: bytes) -> list[str]:
+    import msgpack
+
+    items: list[str] = msgpack.unpackb(data, raw=False)
+    return items
 
 
 def journal_key(prefix: str, connection_id: str, principal: Principal, stream: StreamKey, tag: str) -> str:
@@ -224,7 +236,7 @@ class StreamJournal:
                 size += len(new[end])
                 end += 1
             last = first + end - 1
-            data = msgpack.packb(list(new[start:end]), use_bin_type=True)
+            data = _pack(list(new[start:end]))
             self.writer._put(_Append(self.key, first + start, last, data, min(oldest_kept, first + start), expire))
             expire = False
             start = end
@@ -307,7 +319,7 @@ async def read(
             first = int(fields[b"f"])
             if first > next_seq:
                 return _replay(tag, after, items)  # a gap (trimmed): what came before it only
-            batch = msgpack.unpackb(fields[b"d"], raw=False)
+            batch = _unpack(fields[b"d"])
             items.extend(batch[next_seq - first :])
             next_seq = last + 1
         if len(entries) < READ_COUNT:
