@@ -20,7 +20,9 @@ class NoHistoryAgent(DemoAgent):
         try:
             return await super().prompt(session_id, prompt, **kwargs)
         finally:
-            self._session(session_id).history.clear()
+            session = self._session(session_id)
+            session.history.clear()
+            session.history_chars = 0
 
 
 def create_agent(context: AgentContext | None = None) -> NoHistoryAgent:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
@@ -80,6 +81,7 @@ HELP_TEXT = "\n".join(
         "Commands:",
         "  echo <text>            reply with exactly <text>",
         "  stream <n> <bytes>     send <n> message chunks of exactly <bytes> characters",
+        "  tick <n> <ms>          send the lines 'tick 1' .. 'tick <n>', one every <ms> milliseconds",
         "  permission             ask the client for permission (allow / reject)",
         "  wait_for_cancel        do nothing until session/cancel arrives",
         "  tool_calls             report a tool call: pending -> in_progress -> completed",
@@ -111,14 +113,18 @@ class DemoSession:
     cwd: str
     mode: str = "default"
     # (role, text) per turn, replayed by session/load.
-    history: list[tuple[Literal["user", "agent"], str]] = field(default_factory=list)
+    history: deque[tuple[Literal["user", "agent"], str]] = field(default_factory=deque)
+    history_chars: int = 0
     # One event per in-flight prompt; a set so session/cancel never leaks into a later turn.
     turns: set[asyncio.Event] = field(default_factory=set)
 
-    def trim_history(self) -> None:
-        """Forget the oldest turns beyond HISTORY_CHARS (the latest one is always kept)."""
-        while len(self.history) > 1 and sum(len(text) for _, text in self.history) > HISTORY_CHARS:
-            del self.history[0]
+    def remember(self, role: Literal["user", "agent"], text: str) -> None:
+        """Add a turn to the history, forgetting the oldest beyond HISTORY_CHARS (the latest one
+        is always kept); counted as it goes, so a long session's turns cost no more than its first."""
+        self.history.append((role, text))
+        self.history_chars += len(text)
+        while len(self.history) > 1 and self.history_chars > HISTORY_CHARS:
+            self.history_chars -= len(self.history.popleft()[1])
 
     @property
     def title(self) -> str | None:
@@ -243,7 +249,7 @@ class DemoAgent:
         source = self._session(session_id)
         fork = self._create_session(cwd)
         fork.mode = source.mode
-        fork.history = list(source.history)
+        fork.history, fork.history_chars = deque(source.history), source.history_chars
         return ForkSessionResponse(session_id=fork.session_id, modes=fork.modes())
 
     async def resume_session(self, session_id: str, cwd: str, **kwargs: Any) -> ResumeSessionResponse:
@@ -284,14 +290,13 @@ class DemoAgent:
         turn = _Turn(session=session, cancelled=asyncio.Event())
         session.turns.add(turn.cancelled)
         text = next((block.text for block in prompt if isinstance(block, TextContentBlock)), "").strip()
-        session.history.append(("user", text))
+        session.remember("user", text)
         try:
             stop_reason = await self._run_command(turn, text)
         finally:
             session.turns.discard(turn.cancelled)
             if turn.output or turn.dropped:
-                session.history.append(("agent", turn.transcript()))
-                session.trim_history()
+                session.remember("agent", turn.transcript())
         if turn.cancelled.is_set():
             stop_reason = "cancelled"  # the spec wants `cancelled` for any turn hit by session/cancel
         return PromptResponse(stop_reason=stop_reason)
@@ -308,6 +313,8 @@ class DemoAgent:
                 await self._say(turn, rest)
             case "stream":
                 return await self._stream(turn, rest)
+            case "tick":
+                return await self._tick(turn, rest)
             case "permission":
                 return await self._permission(turn)
             case "wait_for_cancel":
@@ -365,6 +372,23 @@ class DemoAgent:
             if index % _STREAM_YIELD_EVERY == _STREAM_YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # a yield, not a delay (see _STREAM_YIELD_EVERY)
         return "end_turn"
+
+    async def _tick(self, turn: _Turn, args: str) -> StopReason:
+        """A paced turn, to watch a long one (and to detach from it and attach to it again)."""
+        try:
+            count, milliseconds = (int(arg) for arg in args.split())
+        except ValueError:
+            count = milliseconds = -1
+        if count < 0 or milliseconds < 0:
+            await self._say(turn, "usage: tick <n> <ms>")
+            return "end_turn"
+        for index in range(1, count + 1):
+            if turn.cancelled.is_set():
+                break
+            await self._say(turn, f"tick {index}\n")
+            if index < count:
+                await self._until_cancelled(turn, asyncio.sleep(milliseconds / 1000))
+        return "cancelled" if turn.cancelled.is_set() else "end_turn"
 
     async def _until_cancelled(self, turn: _Turn, call: Awaitable[T]) -> T | None:
         """Await ``call`` unless session/cancel comes first (then abandon it and return None)."""

@@ -33,7 +33,7 @@ from acp.schema import (
     WriteTextFileResponse,
 )
 
-from demo_project.agent import AGENT_NAME, HELP_TEXT, DemoAgent, create_agent
+from demo_project.agent import AGENT_NAME, HELP_TEXT, HISTORY_CHARS, DemoAgent, DemoSession, create_agent
 
 pytestmark = pytest.mark.asyncio
 
@@ -478,3 +478,37 @@ async def test_a_long_turn_is_kept_only_up_to_the_history_bound() -> None:
     kept = replayed[0]
     assert len(kept) < HISTORY_CHARS + 100
     assert kept.endswith(f"[{2 * chunk} more characters not kept]")  # the first chunk fits, not the next two
+
+
+async def test_tick_sends_numbered_lines_in_order() -> None:
+    async with connected() as h:
+        sid = await h.new_session()
+        assert (await h.prompt(sid, "tick 5 1")).stop_reason == "end_turn"
+        assert h.client.texts() == [f"tick {index}\n" for index in range(1, 6)]
+
+
+async def test_tick_is_cancellable_between_ticks() -> None:
+    async with connected() as h:
+        sid = await h.new_session()
+        turn = asyncio.create_task(h.prompt(sid, "tick 1000 60000"))  # a minute between ticks
+        await h.client.first_update.wait()
+        await h.conn.cancel(session_id=sid)
+        assert (await turn).stop_reason == "cancelled"
+        assert h.client.texts() == ["tick 1\n"]
+
+
+async def test_tick_bad_arguments_prints_usage() -> None:
+    async with connected() as h:
+        sid = await h.new_session()
+        assert (await h.prompt(sid, "tick soon")).stop_reason == "end_turn"
+        assert h.client.texts() == ["usage: tick <n> <ms>"]
+
+
+async def test_a_long_session_keeps_its_latest_turns_within_the_history_bound() -> None:
+    session = DemoSession("s", CWD)
+    for index in range(40):
+        session.remember("agent", "x" * 40_000 + str(index))  # 40 kB each: more than HISTORY_CHARS in all
+    assert session.history_chars == sum(len(text) for _, text in session.history) <= HISTORY_CHARS
+    assert session.history[-1][1].endswith("39") and len(session.history) < 40
+    session.remember("user", "y" * (2 * HISTORY_CHARS))  # one turn over the bound: still kept, alone
+    assert [text[0] for _, text in session.history] == ["y"]
