@@ -7,14 +7,30 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from collections.abc import Iterator
 
 import httpx
+import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from tests.cluster import Cluster, RedisServer
 from tests.live import SSE, initialize, open_sse, post, rpc, wait_for_line
-from tests.test_runners_live import runner_of, running
+from tests.test_runners_live import WIRE, runner_of, running
+
+#: The windowed topology's replay window, in events.
+WINDOW = 200
+
+
+@pytest.fixture(scope="module")
+def windowed(redis_server: RedisServer) -> Iterator[Cluster]:
+    """Two web workers and a runner whose streams keep WINDOW events."""
+    cluster = Cluster(
+        redis_server, size=2, runner_count=1, env={**WIRE, "ACP_REPLAY_WINDOW_EVENTS": str(WINDOW)}
+    ).start()
+    yield cluster
+    cluster.stop()
 
 
 def journal_pattern(cluster: Cluster, connection_id: str) -> str:
@@ -86,57 +102,63 @@ async def test_a_client_of_a_killed_runner_resumes_what_redis_kept_then_the_end(
 
 
 async def test_a_journal_holds_the_window_only_and_goes_with_its_connection(
-    redis_server: RedisServer, http: httpx.AsyncClient
+    redis_server: RedisServer, windowed: Cluster, http: httpx.AsyncClient
 ) -> None:
     redis = aioredis.Redis.from_url(redis_server.url)
+    cluster = windowed
     try:
-        async with running(redis_server, runners=1, ACP_REPLAY_WINDOW_EVENTS="200") as cluster:
-            connection_id = await initialize(http, cluster.url)
-            async with open_sse(http, cluster.url, connection_id, "s") as reader:
-                burst = rpc(1, "test/burst", {"count": 5000, "sessionId": "s"})
-                assert (await post(http, cluster.url, burst, connection_id)).status_code == 202
-                for _ in range(5001):
-                    await reader.next()
-                assert reader.last_id is not None
-                last = int(reader.last_id.rpartition("-")[2])
-                key = await until_journaled(redis, cluster, connection_id, last)
-                kept = await journaled_events(redis, key)
-                # The newest events, in order, about the window (200 events), never the burst.
-                assert kept == list(range(kept[0], last + 1))
-                assert 200 <= len(kept) < 1000, len(kept)
-            assert (await http.delete(cluster.url, headers={"Acp-Connection-Id": connection_id})).status_code == 202
-            async with asyncio.timeout(10):  # the runner deletes it as the connection ends
-                while True:
-                    if not await journal_keys(redis, cluster, connection_id):
-                        break
-                    await asyncio.sleep(0.02)
+        connection_id = await initialize(http, cluster.url)
+        async with open_sse(http, cluster.url, connection_id, "s") as reader:
+            burst = rpc(1, "test/burst", {"count": 5000, "sessionId": "s"})
+            assert (await post(http, cluster.url, burst, connection_id)).status_code == 202
+            for _ in range(5001):
+                await reader.next()
+            assert reader.last_id is not None
+            last = int(reader.last_id.rpartition("-")[2])
+            key = await until_journaled(redis, cluster, connection_id, last)
+            kept = await journaled_events(redis, key)
+            # The newest events, in order, about the window, never the burst.
+            assert kept == list(range(kept[0], last + 1))
+            assert WINDOW <= len(kept) < 5 * WINDOW, len(kept)
+        assert (await http.delete(cluster.url, headers={"Acp-Connection-Id": connection_id})).status_code == 202
+        async with asyncio.timeout(10):  # the runner deletes it as the connection ends
+            while True:
+                if not await journal_keys(redis, cluster, connection_id):
+                    break
+                await asyncio.sleep(0.02)
     finally:
         await redis.aclose()
 
 
 async def test_a_socket_reattaching_on_another_web_worker_gets_the_journal_then_the_rest(
-    redis_server: RedisServer,
+    redis_server: RedisServer, windowed: Cluster
 ) -> None:
     redis = aioredis.Redis.from_url(redis_server.url)
+    cluster = windowed
     try:
-        async with running(redis_server, runners=1) as cluster:
-            first, second = (worker.ws_url for worker in cluster.workers)
-            async with connect(first, subprotocols=["acp"], proxy=None) as ws:  # type: ignore[list-item]
-                assert ws.response is not None
-                connection_id = ws.response.headers["Acp-Connection-Id"]
-                await ws.send(json.dumps(rpc(0, "initialize", {"protocolVersion": 1})))
-                await ws.send(json.dumps(rpc(1, "test/burst", {"count": 3000})))
-                read = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in range(1001)]
-                assert read[0]["id"] == 0 and read[1000]["params"]["n"] == 999
-                # The runner hands the rest to this socket's web worker, and journals it.
-                await until_journaled(redis, cluster, connection_id, 3002)
-                # The client comes back on the other web worker, having read 1,001 messages.
-                headers = {"Acp-Connection-Id": connection_id, "Last-Event-ID": "1001"}
-                async with connect(second, subprotocols=["acp"], additional_headers=headers, proxy=None) as again:  # type: ignore[list-item]
-                    rest = [json.loads(await asyncio.wait_for(again.recv(), 10)) for _ in range(2001)]
-            assert [message["params"]["n"] for message in rest[:2000]] == list(range(1000, 3000))
-            assert rest[2000]["id"] == 1
-            line = await wait_for_line(cluster, f"connection {connection_id}: resumed after socket-1001")
-            assert int(line.split(", ")[-1].split()[0]) > 0  # messages served from Redis
+        first, second = (worker.ws_url for worker in cluster.workers)
+        async with connect(first, subprotocols=["acp"], proxy=None) as ws:  # type: ignore[list-item]
+            assert ws.response is not None
+            connection_id = ws.response.headers["Acp-Connection-Id"]
+            await ws.send(json.dumps(rpc(0, "initialize", {"protocolVersion": 1})))
+            await ws.send(json.dumps(rpc(1, "test/burst", {"count": 3000})))
+            read = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in range(2901)]
+            assert read[0]["id"] == 0 and read[2900]["params"]["n"] == 2899
+            # The runner hands the rest to this socket's web worker, and journals it.
+            await until_journaled(redis, cluster, connection_id, 3002)
+            # The client comes back on the other web worker, having read 2,901 messages.
+            headers = {"Acp-Connection-Id": connection_id, "Last-Event-ID": "2901"}
+            async with connect(second, subprotocols=["acp"], additional_headers=headers, proxy=None) as again:  # type: ignore[list-item]
+                rest = [json.loads(await asyncio.wait_for(again.recv(), 10)) for _ in range(101)]
+            # The first socket, read on, gets what its web worker had for it, then the close
+            # that says another socket took over (it was never told while nobody read it).
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    await asyncio.wait_for(ws.recv(), 10)
+            assert ws.close_code == 4409
+        assert [message["params"]["n"] for message in rest[:100]] == list(range(2900, 3000))
+        assert rest[100]["id"] == 1
+        line = await wait_for_line(cluster, f"connection {connection_id}: resumed after socket-2901")
+        assert int(line.split(", ")[-1].split()[0]) > 0  # messages served from Redis
     finally:
         await redis.aclose()
