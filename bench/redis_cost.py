@@ -57,9 +57,8 @@ async def cpu_per_call(call: Callable[[], Awaitable[Any]]) -> float:
 
 async def measure(port: int) -> dict[str, float]:
     import hiredis
-    from redis.asyncio import Redis
-
     from acp_channels._streams_layer import StreamsChannelLayer
+    from redis.asyncio import Redis
 
     url = f"redis://127.0.0.1:{port}/0"
     redis = Redis.from_url(url)
