@@ -59,7 +59,8 @@ def topology(redis_server: RedisServer) -> Iterator[Cluster]:
 
 @contextlib.asynccontextmanager
 async def running(redis: RedisServer, runners: int = 2, **env: str) -> AsyncIterator[Cluster]:
-    """A topology of its own, for a test that stops a part of it."""
+    """A topology of its own, for a test that stops a part of it (one runner where the test
+    restarts web workers only: a process less to start)."""
     cluster = Cluster(redis, size=2, runner_count=runners, env={**WIRE, **env}).start()
     try:
         yield cluster
@@ -181,7 +182,7 @@ async def eventually_initialized(http: httpx.AsyncClient, url: str) -> str:
 async def test_web_worker_killed_under_a_reader_loses_nothing(
     redis_server: RedisServer, http: httpx.AsyncClient
 ) -> None:
-    async with running(redis_server) as cluster:
+    async with running(redis_server, runners=1) as cluster:
         a, b = cluster.workers
         connection_id = await initialize(http, b.url)
         async with open_sse(http, a.url, connection_id, "s") as reader:
@@ -266,7 +267,7 @@ RESTART_AFTER = (5_000, 12_000)
 async def test_restarting_every_web_worker_in_turn_loses_nothing_over_http(
     redis_server: RedisServer, http: httpx.AsyncClient
 ) -> None:
-    async with running(redis_server) as cluster:
+    async with running(redis_server, runners=1) as cluster:
         connection_id = await initialize(http, cluster.url)
         burst = rpc(1, "test/burst", {"count": TOTAL, "sessionId": "s"})
         numbers: list[int] = []
@@ -300,7 +301,7 @@ async def test_restarting_every_web_worker_in_turn_loses_nothing_over_http(
 
 
 async def test_restarting_every_web_worker_in_turn_loses_nothing_over_websocket(redis_server: RedisServer) -> None:
-    async with running(redis_server) as cluster:
+    async with running(redis_server, runners=1) as cluster:
         numbers: list[int] = []
         restarts_seen: list[int] = []  # events read when each socket opened
         received = 0  # agent messages on the connection's sockets so far: the resume point
