@@ -88,10 +88,13 @@ class _Append:
     key: str
     first: int
     last: int
-    data: bytes
+    items: list[str]
+    size: int
     oldest: int
     #: Set the key's expiry with this append.
     expire: bool
+    #: Taken by the writer: nothing more may join it.
+    sealed: bool = False
 
 
 @dataclass
@@ -147,6 +150,9 @@ class JournalWriter:
                 await self._wakeup.wait()
             await asyncio.sleep(GATHER_SECONDS)
             ops = list(self._queue)
+            for op in ops:
+                if isinstance(op, _Append):
+                    op.sealed = True
             try:
                 await self._write(ops)
             except asyncio.CancelledError:
@@ -176,9 +182,8 @@ class JournalWriter:
                 if isinstance(op, _Trim):
                     pipe.xtrim(op.key, minid=f"{op.oldest}-0", approximate=False)
                     continue
-                pipe.xadd(
-                    op.key, {"f": op.first, "d": op.data}, id=f"{op.last}-0", minid=f"{op.oldest}-0", approximate=False
-                )
+                fields = {"f": op.first, "d": _pack(op.items)}
+                pipe.xadd(op.key, fields, id=f"{op.last}-0", minid=f"{op.oldest}-0", approximate=False)
                 if op.expire:
                     pipe.pexpire(op.key, ttl_ms)
             replies = await pipe.execute(raise_on_error=False)
@@ -204,7 +209,7 @@ class StreamJournal:
     A batch is written as entries of at most an eighth of the window (in events and in bytes),
     so trimming to the window's oldest event keeps at most an eighth more than the window."""
 
-    __slots__ = ("chunk_bytes", "chunk_events", "expiry_set_at", "key", "upto", "writer")
+    __slots__ = ("_open", "chunk_bytes", "chunk_events", "expiry_set_at", "key", "upto", "writer")
 
     def __init__(self, writer: JournalWriter, key: str, upto: int, window: tuple[int, int]) -> None:
         self.writer = writer
@@ -212,36 +217,42 @@ class StreamJournal:
         self.upto = upto
         #: When an append last set the key's expiry (loop time); None: the next one does.
         self.expiry_set_at: float | None = None
+        #: The entry this stream queued last (events may join it until the writer takes it).
+        self._open: _Append | None = None
         self.chunk_events = max(1, window[0] // 8)
         self.chunk_bytes = max(1, window[1] // 8)
 
     def append(self, first_seq: int, items: Sequence[str], oldest_kept: int) -> None:
         """A batch handed to a reader; events already journaled (handed out again after a
-        resume or a requeue) are not written twice."""
+        resume or a requeue) are not written twice. Events join the entry this stream queued
+        last while the writer has not taken it and it has room (a turn's output after the
+        last one's: one entry for the turns of a gathering)."""
         skip = self.upto + 1 - first_seq
         new = items[skip:] if skip > 0 else items
+        if not new:
+            return
         first = first_seq + max(skip, 0)
+        self.upto = first + len(new) - 1
         now = asyncio.get_running_loop().time()
         expire = self.expiry_set_at is None or now - self.expiry_set_at >= TTL_REFRESH_SECONDS
-        if expire and new:
+        if expire:
             self.expiry_set_at = now
-        start = 0
-        while start < len(new):
-            end, size = start, 0
-            while (
-                end < len(new)
-                and end - start < self.chunk_events
-                and (end == start or size + len(new[end]) <= self.chunk_bytes)
+        entry = self._open
+        for offset, item in enumerate(new):
+            if (
+                entry is None
+                or entry.sealed
+                or len(entry.items) >= self.chunk_events
+                or entry.size + len(item) > self.chunk_bytes
             ):
-                size += len(new[end])
-                end += 1
-            last = first + end - 1
-            data = _pack(list(new[start:end]))
-            self.writer._put(_Append(self.key, first + start, last, data, min(oldest_kept, first + start), expire))
-            expire = False
-            start = end
-        if new:
-            self.upto = first + len(new) - 1
+                seq = first + offset
+                entry = _Append(self.key, seq, seq - 1, [], 0, min(oldest_kept, seq), expire)
+                expire = False
+                self.writer._put(entry)
+            entry.items.append(item)
+            entry.size += len(item)
+            entry.last += 1
+        self._open = entry
 
     def trim(self, oldest_kept: int) -> None:
         """The window now starts at event `oldest_kept`."""
@@ -249,6 +260,7 @@ class StreamJournal:
 
     def delete(self) -> None:
         self.expiry_set_at = None  # an append after this makes the key again
+        self._open = None
         self.writer._put(_Delete(self.key))
 
 

@@ -168,3 +168,16 @@ async def test_a_journal_made_again_after_its_window_was_forgotten_expires_too(l
     replay = await _journal.read(layer, "conn-1", ALICE, "s", mailbox.tag, 1)
     assert replay is not None and replay.items == ["two"]
     assert await _journal.read(layer, "conn-1", ALICE, "s", mailbox.tag, 0) is None  # "one" is gone
+
+
+async def test_batches_handed_out_while_the_writer_gathers_make_one_entry(layer: StreamsChannelLayer) -> None:
+    writer = _journal.JournalWriter(layer)
+    mailbox = mailbox_with_journal(writer)
+    for n in range(1, 11):  # ten turns, each its own batch, before the writer takes them
+        mailbox.push(f"event {n}")
+        assert await mailbox.take(0) is not None
+    await writer.drain()
+    assert mailbox.journal is not None
+    assert await layer.redis().xlen(mailbox.journal.key) == 1
+    replay = await _journal.read(layer, "conn-1", ALICE, "s", mailbox.tag, 4)
+    assert replay is not None and replay.items == [f"event {n}" for n in range(5, 11)]
