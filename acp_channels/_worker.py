@@ -288,6 +288,13 @@ class Bus:
                     raise LayerUnavailable(str(error)) from error
                 await asyncio.sleep(resend_after)  # a connection just cut: a new one is made
 
+    async def send_unanswered(self, worker_id: str, op: Op) -> None:
+        """An op the worker serves without replying, sent in order with this process's calls to
+        it (a failed send raises LayerUnavailable, as a call's does)."""
+        self.ensure_listening()
+        message = encode_op(op, f"{WORKER_ID}-{next(self._ids)}", self.inbox(WORKER_ID), answer=False)
+        await self.send(self.inbox(worker_id), message)
+
     def post(self, worker_id: str, op: Op) -> None:
         """Fire and forget (releases: ops that get no reply): failures are logged, never raised."""
         message = encode_op(op, f"{WORKER_ID}-{next(self._ids)}", self.inbox(WORKER_ID))
@@ -376,7 +383,8 @@ class Bus:
         op = decode_op(message)
         if isinstance(op, ErrorReply):
             logger.warning("could not serve an op: %s", describe(op))
-            await self._reply(reply_to, encode_reply(request_id, op))
+            if message.get("answer") is not False:
+                await self._reply(reply_to, encode_reply(request_id, op))
             return
         receipt: asyncio.TimerHandle | None = None
         if message.get("receipt") is True:
@@ -391,7 +399,7 @@ class Bus:
         finally:
             if receipt is not None:
                 receipt.cancel()
-        if reply is not None:
+        if reply is not None and message.get("answer") is not False:
             await self._reply(reply_to, encode_reply(request_id, reply))
 
     async def _run(self, op: Op) -> Reply | None:

@@ -669,3 +669,39 @@ async def test_a_push_that_arrives_twice_is_taken_once(loopback: LoopbackBus) ->
     again = await reader.take(0.1)
     assert again is not None and list(again) == []  # a keep-alive's empty batch: nothing twice
     reader.release()
+
+
+async def test_a_sockets_messages_go_unanswered_but_every_32nd_and_every_mebibyte(
+    buses: tuple[LinkedBus, LinkedBus],
+) -> None:
+    """A message each way less per turn over a socket attached on another worker: the host
+    answers one message in SOCKET_CREDIT_MESSAGES (or once SOCKET_CREDIT_BYTES wait), and that
+    answer says every message before it reached the agent: it serves them in order."""
+    _, host = buses
+    served: list[str] = []
+    all_served = asyncio.Event()
+    answers = 0
+
+    async def serve(op: SubmitOnSocket) -> Reply:
+        served.append(op.text)
+        if len(served) == 65:
+            all_served.set()
+        return SocketSubmitted(True)
+
+    host.handle(SubmitOnSocket, serve)
+    host_send = host.send
+
+    async def counting_send(channel: str, message: dict[str, Any]) -> None:
+        nonlocal answers
+        answers += message.get("type") == "acp.result"
+        await host_send(channel, message)
+
+    host.send = counting_send  # type: ignore[method-assign]
+    socket = gateway.remote.RemoteSocket(gateway.remote.RemoteHandle("0123456789ab", "c1.0123456789ab", ALICE), "s-1")
+    for n in range(64):
+        await socket.send_to_agent(f"m{n}")
+    assert answers == 64 // gateway.remote.SOCKET_CREDIT_MESSAGES
+    await socket.send_to_agent("x" * gateway.remote.SOCKET_CREDIT_BYTES)  # a mebibyte: answered at once
+    await asyncio.wait_for(all_served.wait(), 5)
+    assert served[:64] == [f"m{n}" for n in range(64)]  # in order
+    assert answers == 64 // gateway.remote.SOCKET_CREDIT_MESSAGES + 1

@@ -71,6 +71,9 @@ from acp_channels._worker_protocol import (
 from acp_channels.errors import HostUnreachable, LayerUnavailable, WorkerBusy, WorkerFailed
 
 _lease_ids = itertools.count()
+#: A socket's client messages the host may hold unanswered: the next one waits for its answer.
+SOCKET_CREDIT_MESSAGES = 32
+SOCKET_CREDIT_BYTES = 1024 * 1024
 #: Leases held by SSE readers in this process (answers `probe`).
 _active_readers: set[str] = set()
 
@@ -374,10 +377,24 @@ class RemoteSocket(RemoteStream):
         super().__init__(handle.worker_id, lease_id)
         self.handle = handle
         self.received = 0
+        #: Messages (and their bytes) sent since the host last answered for them.
+        self._unanswered = 0
+        self._unanswered_bytes = 0
 
     async def send_to_agent(self, text: str) -> None:
+        """Hand the host a client message. Most go unanswered (a message each way less per
+        turn); every SOCKET_CREDIT_MESSAGES-th, or once SOCKET_CREDIT_BYTES are unanswered, is a
+        call whose answer says every message before it reached the agent (the host serves them
+        in order): what a socket holds on its way to the agent stays bounded, and the client's
+        pace follows the agent's."""
         handle = self.handle
         op = SubmitOnSocket(handle.connection_id, handle.principal, text, self.lease_id)
+        self._unanswered += 1
+        self._unanswered_bytes += len(text)
+        if self._unanswered < SOCKET_CREDIT_MESSAGES and self._unanswered_bytes < SOCKET_CREDIT_BYTES:
+            await bus.send_unanswered(handle.worker_id, op)
+            return
+        self._unanswered = self._unanswered_bytes = 0
         await handle._call(op, SUBMIT_TIMEOUT, SocketSubmitted)
 
     async def detach(self, end: EndReason | None = None) -> None:

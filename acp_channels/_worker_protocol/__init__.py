@@ -11,7 +11,9 @@ Messages (msgpack-able dicts, as the channel layer wants them):
 - `{"type": "acp.op", "id", "reply_to", "receipt", "expires", "op": <name>, "args": {...}}` a
   call; `expires` (a Unix time, or absent) is when the caller stops waiting for the callee to
   take it: a callee that finds it later drops it unserved (`expired`), since the caller has
-  answered 503 and its client may send the request again;
+  answered 503 and its client may send the request again; with `"answer": false` the callee
+  serves it and replies nothing (a socket's client messages, but one in SOCKET_CREDIT_*:
+  the answer to the next call says every op before it was served, in order);
 - `{"type": "acp.receipt", "id"}` the callee has the call and is working on it: sent only
   when the result is not ready at once (RECEIPT_AFTER), so a caller tells a dead worker (no
   answer, heartbeat gone) from a slow one (receipt, then the result later);
@@ -33,6 +35,7 @@ Ops (wire name): fields -> replies (the ErrorReply ones are refusals the caller 
   UnknownConnection, SessionRefused(text), TooManyPending(limit, unit), Closed
 - `SubmitOnSocket` (socket-submit): connection, principal, text, socket (the lease id of a
   socket reattached on the caller's worker) -> SocketSubmitted(counted); UnknownConnection, Closed
+  (mostly sent unanswered: `_gateway.remote.RemoteSocket.send_to_agent`)
 - `ReplyFromTransport` (reply): connection, principal, text -> Replied; UnknownConnection, Closed
 - `Lease` (lease): connection, principal, lease, reader (its worker), stream, resume (an event
   id) -> Leased(tag); UnknownConnection, Busy, StreamsFull(limit), ReplayRefused(reason, event),
@@ -236,12 +239,22 @@ def envelope(kind: Kind, request_id: str | None = None, **parts: Any) -> dict[st
 
 
 def encode_op(
-    op: Op, request_id: str, reply_to: str, *, receipt: bool = False, expires: float | None = None
+    op: Op,
+    request_id: str,
+    reply_to: str,
+    *,
+    receipt: bool = False,
+    expires: float | None = None,
+    answer: bool = True,
 ) -> dict[str, Any]:
-    """A call; with `expires` (a Unix time), one the callee drops unserved once that time passed."""
+    """A call; with `expires` (a Unix time), one the callee drops unserved once that time passed;
+    without `answer`, one the callee serves without replying (the caller learns the outcome
+    from a later call's answer: ops are served in the order they were sent)."""
     parts: dict[str, Any] = {"reply_to": reply_to, "receipt": receipt, "op": op.name, "args": encode_fields(op)}
     if expires is not None:
         parts["expires"] = expires
+    if not answer:
+        parts["answer"] = False
     return envelope("acp.op", request_id, **parts)
 
 
