@@ -62,6 +62,8 @@ RECEIVERS: Final = "receivers"
 #: An entry of an ordinary channel read by a consumer and not acknowledged for this long is
 #: taken over by another (the reader died between its read and its acknowledgement).
 CLAIM_IDLE_MS: Final = 10_000
+#: A process's own stream: what its reads took is deleted once this many entries were read.
+DELETE_EVERY: Final = 32
 #: How long one blocking read waits before it is issued again (a dropped connection or a stream
 #: that expired is then noticed); below the socket timeout.
 BLOCK_MS: Final = 5000
@@ -282,7 +284,7 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
                 return message
             reader = readers.get(stream)
             if reader is None or reader.done():
-                read = self._read_own_stream(stream) if "!" in channel else self._read_shared(stream, channel)
+                read = self._read_own_stream(stream, channel) if "!" in channel else self._read_shared(stream, channel)
                 reader = readers[stream] = loop.create_task(read, name=f"acp-layer-read {stream}")
             await asyncio.shield(reader)
 
@@ -356,13 +358,16 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         cutoff_ms: float = (time.time() - self.expiry) * 1000 - 1000
         return added_ms < cutoff_ms
 
-    async def _read_own_stream(self, stream: str) -> None:
+    async def _read_own_stream(self, stream: str, channel: str) -> None:
         """Read what came for this instance's process-specific channels, sort it into their
-        buffers, then delete it from the stream (a read cut short is read again)."""
+        buffers, then delete it from the stream (a read cut short is read again). Deleted a
+        few reads at a time (DELETE_EVERY entries, or 1 % of the channel's capacity if that is
+        less, so that what was read takes next to nothing of it): a read that also deletes is a
+        pipeline, which costs redis-py more than the read alone."""
         client = self._client()
         read_ids = self._read_ids
-        if read_ids:
-            # What the last read took goes in the same round trip as the next read.
+        if len(read_ids) >= max(1, min(DELETE_EVERY, self.get_capacity(channel) // 100)):
+            # What the last reads took goes in the same round trip as the next read.
             async with client.pipeline(transaction=False) as pipe:
                 pipe.xdel(stream, *read_ids)
                 pipe.xread({stream: self._last_id}, count=100, block=BLOCK_MS)
@@ -384,7 +389,7 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
             buffer.append(msgpack.unpackb(fields[b"m"], raw=False))
         last = entries[-1][0]
         self._last_id = last.decode() if isinstance(last, bytes) else last
-        self._read_ids = [entry_id for entry_id, _ in entries]
+        self._read_ids += [entry_id for entry_id, _ in entries]
 
     # -- groups --------------------------------------------------------------------------------
 

@@ -475,3 +475,27 @@ async def test_what_a_vanished_receiver_read_and_never_acknowledged_goes_to_anot
     assert message["n"] == 1
     await nothing_comes(layer, "work")  # once
     await layer.close_pools()
+
+
+async def test_what_a_process_read_of_its_own_channels_leaves_its_stream_a_few_reads_later(
+    make_layer: Any,
+) -> None:
+    """Deleted in batches (DELETE_EVERY, or 1 % of the channel's capacity): at no point does a
+    process's stream keep more than that of what it already read."""
+    from acp_channels._streams_layer import DELETE_EVERY
+
+    sender, receiver = make_layer(), make_layer(channel_capacity={"acp.worker.*": 10000})
+    channel = await receiver.new_channel("acp.worker.x")
+    stream = receiver._stream(channel)
+    for n in range(200):
+        await sender.send(channel, {"type": "test.message", "n": n})
+        assert (await receiver.receive(channel))["n"] == n
+        assert await receiver.redis().xlen(stream) <= DELETE_EVERY
+    small = make_layer(capacity=100)  # 1 % of 100: every read deletes what the last one took
+    channel = await small.new_channel()
+    for n in range(5):
+        await sender.send(channel, {"type": "test.message", "n": n})
+        await small.receive(channel)
+        assert await small.redis().xlen(small._stream(channel)) <= 1
+    for layer in (sender, receiver, small):
+        await layer.close_pools()
