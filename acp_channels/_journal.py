@@ -3,13 +3,14 @@ any web worker serves a resume from Redis (docs/runners.md, "Output in Redis").
 
 A runner's mailbox appends every batch it hands to a reader (`Mailbox.take`) to the stream's
 journal: one Redis Stream per connection stream, `<prefix>acp.out:<connection>:<tag>:<digest>`,
-one entry per batch, its id `<last seq>-0` (the SSE id `<tag>-<seq>` of its last event) and its
-fields `f` (the first event's seq) and `d` (the events, msgpack). Each XADD trims the entries
-before the window's oldest event (MINID) and the key expires `JOURNAL_TTL` after the last
-append; the mailbox deletes it when the stream can no longer be read (the connection ended) or
-forgets its window. So Redis holds at most what the runner counts as the stream's replay window
-in the connection's budget (plus the batch just handed out): the same bounds in bytes and
-events (REPLAY_WINDOW_*).
+entries of at most an eighth of the window (the batches a stream hands out while the writer
+gathers join one), each with the id `<last seq>-0` (the SSE id `<tag>-<seq>` of its last event)
+and the fields `f` (the first event's seq) and `d` (the events, msgpack). Each XADD, and each
+trim of the window, drops the entries before the window's oldest event (MINID); the key expires
+JOURNAL_TTL_SECONDS after an append (set again at most every TTL_REFRESH_SECONDS); the mailbox
+deletes it when the stream can no longer be read (the connection ended) or forgets its window.
+So Redis holds what the runner counts as the stream's replay window in the connection's budget,
+plus at most an eighth: the same bounds in bytes and events (REPLAY_WINDOW_*).
 
 The digest is of the owner (principal) and the stream's key: a web worker computes the key from
 the request's principal, connection id, session header and Last-Event-ID, so what it finds is
