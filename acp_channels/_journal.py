@@ -78,10 +78,20 @@ def journal_key(prefix: str, connection_id: str, principal: Principal, stream: S
     return f"{prefix}acp.out:{connection_id}:{tag}:{digest}"
 
 
+def _has_redis(layer: Any) -> bool:
+    """Whether the layer is ours on Redis (it lends its redis-py client)."""
+    return callable(getattr(layer, "redis", None))
+
+
 def _redis_of(layer: Any) -> Any | None:
-    """The layer's redis-py client for this event loop (our Streams layer's), or None."""
-    redis = getattr(layer, "redis", None)
-    return redis() if callable(redis) else None
+    """The layer's redis-py client for this event loop, or None (not our layer)."""
+    return layer.redis() if _has_redis(layer) else None
+
+
+def _prefix_of(layer: Any) -> str:
+    """Where the layer's keys live (the journals' are next to them)."""
+    prefix: str = getattr(layer, "key_prefix", "asgi:")
+    return prefix
 
 
 @dataclass
@@ -117,7 +127,7 @@ class JournalWriter:
 
     def __init__(self, layer: Any) -> None:
         self.layer = layer
-        self.prefix: str = getattr(layer, "key_prefix", "asgi:")
+        self.prefix = _prefix_of(layer)
         self._queue: deque[_Op] = deque()
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
@@ -273,7 +283,7 @@ def enable(layer: Any) -> None:
     """Journal the output of the connections this process hosts (a runner), if the layer is ours
     and replay windows are on."""
     global writer
-    if _redis_of_layer_type(layer) and acp_settings.REPLAY_WINDOW_EVENTS > 0 and acp_settings.REPLAY_WINDOW_BYTES > 0:
+    if _has_redis(layer) and acp_settings.REPLAY_WINDOW_EVENTS > 0 and acp_settings.REPLAY_WINDOW_BYTES > 0:
         writer = JournalWriter(layer)
 
 
@@ -292,10 +302,6 @@ def disable() -> None:
     if writer is not None:
         writer.stop()
     writer = None
-
-
-def _redis_of_layer_type(layer: Any) -> bool:
-    return callable(getattr(layer, "redis", None))
 
 
 @dataclass
@@ -321,7 +327,7 @@ async def read(
     redis = _redis_of(layer)
     if redis is None:
         return None
-    key = journal_key(getattr(layer, "key_prefix", "asgi:"), connection_id, principal, stream, tag)
+    key = journal_key(_prefix_of(layer), connection_id, principal, stream, tag)
     items: list[str] = []
     next_seq = after + 1
     start = f"{next_seq}-0"

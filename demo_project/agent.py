@@ -354,13 +354,10 @@ class DemoAgent:
         return f"principal={principal} connection={os.environ.get(CONNECTION_ENV, 'unknown')} transport=stdio"
 
     async def _stream(self, turn: _Turn, args: str) -> StopReason:
-        try:
-            count, size = (int(arg) for arg in args.split())
-        except ValueError:
-            count = size = -1
-        if count < 0 or size < 0:
+        if (numbers := _two_counts(args)) is None:
             await self._say(turn, "usage: stream <n> <bytes>")
             return "end_turn"
+        count, size = numbers
         width = len(str(max(count - 1, 0)))
         for index in range(count):
             if turn.cancelled.is_set():
@@ -375,13 +372,10 @@ class DemoAgent:
 
     async def _tick(self, turn: _Turn, args: str) -> StopReason:
         """A paced turn, to watch a long one (and to detach from it and attach to it again)."""
-        try:
-            count, milliseconds = (int(arg) for arg in args.split())
-        except ValueError:
-            count = milliseconds = -1
-        if count < 0 or milliseconds < 0:
+        if (numbers := _two_counts(args)) is None:
             await self._say(turn, "usage: tick <n> <ms>")
             return "end_turn"
+        count, milliseconds = numbers
         for index in range(1, count + 1):
             if turn.cancelled.is_set():
                 break
@@ -464,6 +458,15 @@ class DemoAgent:
             return
         await self.conn.write_text_file(content=content, path=path, session_id=turn.session.session_id)
         await self._say(turn, f"wrote {path}")
+
+
+def _two_counts(args: str) -> tuple[int, int] | None:
+    """Two whole numbers, 0 or more (a command's arguments); None for anything else."""
+    try:
+        first, second = (int(arg) for arg in args.split())
+    except ValueError:
+        return None
+    return (first, second) if first >= 0 and second >= 0 else None
 
 
 def _retrieve_outcome(task: asyncio.Future[Any]) -> None:

@@ -132,7 +132,8 @@ class RemoteHandle:
     async def lease(self, key: StreamKey, resume: str | None = None) -> StreamReader:
         """A reader of the stream; one that resumes gets what the stream's journal in Redis
         holds after its cursor from here (a runner's connection), then the rest from the host."""
-        replay = await self._read_journal(key, resume)
+        parsed = None if resume is None else protocol.parse_event_id(resume)
+        replay = None if parsed is None else await self._read_journal(key, *parsed)
         reader = RemoteStream(self.worker_id, self._new_lease())
         cursor = resume if replay is None else replay.cursor
         op = Lease(self.connection_id, self.principal, reader.lease_id, WORKER_ID, key, cursor)
@@ -148,27 +149,30 @@ class RemoteHandle:
             reader.replay(replay)
         return reader
 
-    async def _read_journal(self, key: StreamKey, resume: str | None) -> _journal.Replay | None:
-        """What the stream's journal holds after the cursor `resume`; None when there is no
-        journal to read (no cursor, AGENT_HOSTS "workers", or Redis failed: the host answers)."""
-        parsed = None if resume is None else protocol.parse_event_id(resume)
-        if parsed is None or acp_settings.AGENT_HOSTS != "runners":
+    async def _read_journal(self, key: StreamKey, tag: str, after: int) -> _journal.Replay | None:
+        """What the stream's journal holds after its message `after`; None when there is no
+        journal to read (AGENT_HOSTS "workers", or Redis failed: the host answers)."""
+        if acp_settings.AGENT_HOSTS != "runners":
             return None
         try:
-            replay = await _journal.read(bus.layer, self.connection_id, self.principal, key, *parsed)
+            replay = await _journal.read(bus.layer, self.connection_id, self.principal, key, tag, after)
         except Exception as error:  # the host has the window too
             logger.debug("reading the journal of %s failed: %s", self.connection_id, error)
             return None
         if replay is not None:
             logger.info(
-                "connection %s: resumed after %s, %d messages from Redis", self.connection_id, resume, len(replay.items)
+                "connection %s: resumed after %s-%d, %d messages from Redis",
+                self.connection_id,
+                tag,
+                after,
+                len(replay.items),
             )
         return replay
 
     async def attach_socket(self, last_seq: int) -> SocketAttachment:
         """The connection's socket outbox, from message `last_seq` on: what its journal in Redis
         holds from here (a runner's connection), the rest from the host."""
-        replay = await self._read_journal(None, f"{_journal.SOCKET_TAG}-{last_seq}")
+        replay = await self._read_journal(None, _journal.SOCKET_TAG, last_seq)
         socket = RemoteSocket(self, self._new_lease())
         resume = last_seq if replay is None else last_seq + len(replay.items)
         op = LeaseSocket(self.connection_id, self.principal, socket.lease_id, WORKER_ID, resume)

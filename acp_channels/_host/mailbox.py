@@ -73,7 +73,6 @@ class Mailbox:
         self.last_read = 0.0  # loop time of the last take: the stream least recently read goes first
         #: On a runner: the window's copy in Redis, which any web worker resumes from.
         self.journal: StreamJournal | None = None
-        self.window_limits = (window_events, window_bytes)
         if window_events > 0 and window_bytes > 0:
             budget.windows.add(self)
             if budget.worker is not None:
@@ -190,6 +189,11 @@ class Mailbox:
             self._budget.release(freed)
             if self.journal is not None:
                 self.journal.trim(self._head_seq - len(sent))
+
+    @property
+    def window_limits(self) -> tuple[int, int]:
+        """The replay window's bounds: events, bytes."""
+        return self._window_events, self._window_bytes
 
     @property
     def window_bytes(self) -> int:
