@@ -162,6 +162,12 @@ def main() -> None:
     parser.add_argument("--runner", type=int, help="cluster with runners: sample this runner instead of a worker")
     parser.add_argument("--layout", choices=["balanced", "same", "cross"], default="balanced")
     parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="only samples holding the GIL: Python's own CPU (a process preempted inside a socket "
+        "write, as on a core shared with Redis, otherwise counts as on CPU)",
+    )
     args = parser.parse_args()
     ensure("uvloop", "uvloop")
     spy = Path(sys.executable).with_name("py-spy")
@@ -197,6 +203,7 @@ def main() -> None:
                     "--format",
                     "raw",
                     "--nonblocking",
+                    *(["--gil"] if args.gil else []),
                     "--output",
                     str(collapsed),
                 ],
