@@ -40,6 +40,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from acp_channels._liveness import Heartbeat, WorkerGone, reply_or_gone
 from acp_channels._metrics import measured_call
+from acp_channels._outbox import Outbox, unbatched
 from acp_channels._worker_protocol import (
     RECEIPT_AFTER,
     ErrorReply,
@@ -71,6 +72,8 @@ SEND_RETRY_SECONDS: Final = 5.0  # how long a send retries a full channel before
 #: A send that failed in Redis may still have landed (the reply was lost with the connection):
 #: it is sent again, as is, after each of these delays; its receiver keeps only the first copy.
 RESEND_DELAYS: Final = (0.05, 0.2)
+#: How long a stopping process waits for the messages on their way out.
+STOP_FLUSH_SECONDS: Final = 5.0
 #: Calls served lately, by request id, so that a second copy of one is not served again.
 SERVED_MEMORY: Final = 4096
 MAX_TAKE_BYTES: Final = 1024 * 1024  # one take reply carries at most about this much output
@@ -145,6 +148,7 @@ class Bus:
         #: process takes no placements).
         self.load: Callable[[], dict[str, Any]] | None = None
         self._inbox_suffix = ""
+        self._outbox = Outbox(self._send_now)
 
     @property
     def layer(self) -> Any:
@@ -263,8 +267,13 @@ class Bus:
             self._push_receivers[lease] = receiver
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
-        """A direct send; a full channel is retried (backpressure), a failed one sent again as
-        is (RESEND_DELAYS: every message is safe to receive twice), a broken layer is 503."""
+        """A direct send, in one layer message with whatever else this process has ready for
+        that inbox within a few loop steps (acp_channels._outbox)."""
+        await self._outbox.send(channel, message)
+
+    async def _send_now(self, channel: str, message: dict[str, Any]) -> None:
+        """One layer message; a full channel is retried (backpressure), a failed one sent again
+        as is (RESEND_DELAYS: every message is safe to receive twice), a broken layer is 503."""
         deadline = time.monotonic() + SEND_RETRY_SECONDS
         delay = 0.005
         resends = iter(RESEND_DELAYS)
@@ -315,7 +324,7 @@ class Bus:
         layer = self.layer
         while True:
             try:
-                messages = [await layer.receive(channel)]
+                message = await layer.receive(channel)
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -325,11 +334,15 @@ class Bus:
                     logger.warning("channel layer receive failed (%s); retrying", error)
                 await asyncio.sleep(min(0.1 * failures, 2.0))  # the layer is down: back off, retry
                 continue
-            for message in messages:
-                try:
-                    self._dispatch(message)
-                except Exception:  # a message we cannot read must not stop the inbox
-                    logger.exception("could not dispatch a message from the channel layer")
+            self._take(message)
+
+    def _take(self, message: dict[str, Any]) -> None:
+        """One message from the layer: a batch's messages in order (acp_channels._outbox)."""
+        for each in unbatched(message):
+            try:
+                self._dispatch(each)
+            except Exception:  # a message we cannot read must not stop the inbox
+                logger.exception("could not dispatch a message from the channel layer")
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
@@ -429,7 +442,9 @@ class Bus:
 
     async def stop(self) -> None:
         """Stop serving and calling (a runner's or a management command's last step): the
-        heartbeat, the inbox, and this event loop's connections to the layer."""
+        heartbeat, the inbox, and this event loop's connections to the layer, once what is on
+        its way out has gone (the reply that ended a draining runner's last connection)."""
+        await self._outbox.drain(STOP_FLUSH_SECONDS)
         self.heartbeat.stop()
         if self._loop_task is not None:
             self._loop_task.cancel()

@@ -120,6 +120,14 @@ def render(stored: dict[str, Any]) -> str:
     ]
     for key, label in ROWS.items():
         lines.append(f"| {label} | " + " | ".join(str(run["figures"].get(key, "—")) for run in runs) + " |")
+    # An echo turn through a runner is this many messages, each a send and a receive (docs/runners.md,
+    # "What it costs"): the client CPU of the transport alone, before either side's own work.
+    for messages, turn in ((3, "an HTTP echo turn (request, acceptance, output)"), (2, "a WebSocket echo turn")):
+        cells = [
+            str(round(messages * run["figures"]["layer_round_trip"])) if "layer_round_trip" in run["figures"] else "—"
+            for run in runs
+        ]
+        lines.append(f"| {turn}: {messages} x the layer's send and receive | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -617,7 +617,7 @@ class LandsThenFails:
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         assert self.peer is not None
-        self.peer._dispatch(wire(message))
+        self.peer._take(wire(message))
         if self.failures:
             self.failures -= 1
             from redis.exceptions import ConnectionError as RedisConnectionError
