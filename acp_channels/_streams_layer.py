@@ -5,8 +5,9 @@ The whole Channels layer interface (`send`, `receive`, `new_channel`, `group_add
 (capacity, per-channel capacity, message expiry, group expiry), on one Redis:
 
 - A channel is a stream, `<prefix>c:<name>`. Every send is one script call (the same as a
-  group_send's): drop entries older than `expiry` (XTRIM MINID, on Redis's clock), refuse past
-  the capacity (ChannelFull), XADD, and let the key expire when nobody sends. An entry holds
+  group_send's): refuse past the capacity (ChannelFull) once a full stream's entries older than
+  `expiry` are dropped (XTRIM MINID, on Redis's clock; readers skip expired entries), XADD, and
+  let the key expire when nobody sends. An entry holds
   the message (msgpack) and, for a process-specific channel, the channel's name.
 - An ordinary channel may have receivers in several processes and each message goes to one of
   them: they read through one consumer group (XREADGROUP), then acknowledge and delete what they
@@ -68,18 +69,27 @@ DELETE_EVERY: Final = 32
 #: that expired is then noticed); below the socket timeout.
 BLOCK_MS: Final = 5000
 
-#: Adds a message to channels' streams (one for a send, each member's for a group_send): drops
-#: entries older than the expiry (on Redis's clock), skips a stream at its capacity, sets the
-#: key's expiry. KEYS: the streams; ARGV: expiry ms, key ttl ms, message, then per channel its
-#: name, whether it is process-specific (1/0) and its capacity. Returns the channels that were full.
+#: Adds a message to channels' streams (one for a send, each member's for a group_send): skips a
+#: stream at its capacity once the entries older than the expiry (on Redis's clock) are dropped,
+#: sets the key's expiry. Only a full stream is trimmed: readers skip expired entries anyway, and
+#: the trim and the clock are two of the five commands a send would otherwise cost Redis. KEYS:
+#: the streams; ARGV: expiry ms, key ttl ms, message, then per channel its name, whether it is
+#: process-specific (1/0) and its capacity. Returns the channels that were full.
 _ADD: Final = """
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local now_ms = nil
 local full = {}
 for i, stream in ipairs(KEYS) do
     local channel, specific, capacity = ARGV[1 + i * 3], ARGV[2 + i * 3], tonumber(ARGV[3 + i * 3])
-    redis.call('XTRIM', stream, 'MINID', now_ms - tonumber(ARGV[1]))
-    if redis.call('XLEN', stream) >= capacity then
+    local length = redis.call('XLEN', stream)
+    if length >= capacity then
+        if now_ms == nil then
+            local now = redis.call('TIME')
+            now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+        end
+        redis.call('XTRIM', stream, 'MINID', now_ms - tonumber(ARGV[1]))
+        length = redis.call('XLEN', stream)
+    end
+    if length >= capacity then
         table.insert(full, channel)
     else
         if specific == '1' then

@@ -315,6 +315,23 @@ async def test_the_earliest_message_expires(make_layer: Any) -> None:
     await layer.close_pools()
 
 
+async def test_a_channel_full_of_expired_messages_takes_a_new_one(make_layer: Any) -> None:
+    """Expired entries are dropped when a stream is full (a send's trim): they take no room."""
+    layer = make_layer(expiry=1, capacity=2)
+    channel = await layer.new_channel()
+    for _ in range(2):
+        await layer.send(channel, {"type": "old"})
+        await layer.send("plain", {"type": "old"})
+    with pytest.raises(ChannelFull):
+        await layer.send("plain", {"type": "new"})
+    await asyncio.sleep(2.1)  # the expiry is the thing under test: time must pass
+    await layer.send(channel, {"type": "new"})
+    await layer.send("plain", {"type": "new"})
+    assert (await layer.receive(channel))["type"] == "new"
+    assert (await layer.receive("plain"))["type"] == "new"
+    await layer.close_pools()
+
+
 async def test_messages_within_the_expiry_all_arrive(make_layer: Any) -> None:
     layer = make_layer(expiry=30)
     channel = await layer.new_channel()
