@@ -49,14 +49,16 @@ class Outbox:
         self._last: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def send(self, channel: str, message: dict[str, Any]) -> None:
-        """Send `message` with the batch open for `channel`, or in a new one."""
+    async def send(self, channel: str, message: dict[str, Any], *, wait_for_company: bool = True) -> None:
+        """Send `message` with the batch open for `channel`, or in a new one, which waits for more
+        unless `wait_for_company` is False (a call: what comes next is its answer, from there)."""
         batch = self._open.get(channel)
         if batch is None:
             loop = asyncio.get_running_loop()
             batch = self._open[channel] = _Batch(loop)
             previous, self._last[channel] = self._last.get(channel), batch.sent
-            task = loop.create_task(self._flush(channel, batch, previous), name=f"acp-outbox {channel}")
+            steps = GATHER_STEPS if wait_for_company else 0
+            task = loop.create_task(self._flush(channel, batch, previous, steps), name=f"acp-outbox {channel}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         batch.messages.append(message)
@@ -72,11 +74,11 @@ class Outbox:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout)
 
-    async def _flush(self, channel: str, batch: _Batch, previous: asyncio.Future[None] | None) -> None:
+    async def _flush(self, channel: str, batch: _Batch, previous: asyncio.Future[None] | None, steps: int) -> None:
         loop = asyncio.get_running_loop()
         opened = loop.time()
         try:
-            for _ in range(GATHER_STEPS):
+            for _ in range(steps):
                 if self._open.get(channel) is not batch or loop.time() - opened >= GATHER_SECONDS:
                     break
                 await asyncio.sleep(0)

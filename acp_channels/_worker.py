@@ -220,7 +220,7 @@ class Bus:
         take_within = SLOW_WORKER_PATIENCE if receipt else timeout
         message = encode_op(op, request_id, self.inbox(WORKER_ID), receipt=receipt, expires=time.time() + take_within)
         try:
-            await self.send(self.inbox(worker_id), message)
+            await self.send(self.inbox(worker_id), message, wait_for_company=False)
             try:
                 if received is None:
                     try:
@@ -266,10 +266,10 @@ class Bus:
         else:
             self._push_receivers[lease] = receiver
 
-    async def send(self, channel: str, message: dict[str, Any]) -> None:
+    async def send(self, channel: str, message: dict[str, Any], *, wait_for_company: bool = True) -> None:
         """A direct send, in one layer message with whatever else this process has ready for
         that inbox within a few loop steps (acp_channels._outbox)."""
-        await self._outbox.send(channel, message)
+        await self._outbox.send(channel, message, wait_for_company=wait_for_company)
 
     async def _send_now(self, channel: str, message: dict[str, Any]) -> None:
         """One layer message; a full channel is retried (backpressure), a failed one sent again

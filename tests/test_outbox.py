@@ -171,3 +171,22 @@ async def test_a_stopping_bus_sends_what_is_on_its_way_out_first() -> None:
     await sender.stop()
     assert got == [1]
     await sending
+
+
+async def test_a_call_goes_at_once_unless_a_batch_is_open(unhurried: None) -> None:
+    recorder = Recorder()
+    box = Outbox(recorder)
+    await box.send("a", {"type": "t", "n": 1}, wait_for_company=False)
+    assert flat(recorder.sent) == [("a", 1)]
+    # An acknowledgement waits for company; a call a step later joins it.
+    await asyncio.gather(
+        box.send("a", {"type": "t", "n": 2}),
+        a_few_steps_later_alone(box, "a", 3, 1),
+    )
+    assert flat(recorder.sent) == [("a", 1), ("a", 2), ("a", 3)] and len(recorder.sent) == 2
+
+
+async def a_few_steps_later_alone(box: Outbox, channel: str, n: int, steps: int) -> None:
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    await box.send(channel, {"type": "t", "n": n}, wait_for_company=False)

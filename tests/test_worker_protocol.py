@@ -257,7 +257,7 @@ class LinkedBus(Bus):
     def ensure_listening(self) -> None:
         pass
 
-    async def send(self, channel: str, message: dict[str, Any]) -> None:
+    async def send(self, channel: str, message: dict[str, Any], **options: Any) -> None:
         self.peer._dispatch(wire(message))
 
 
@@ -393,7 +393,7 @@ async def test_a_live_worker_that_does_not_take_a_call_is_busy_and_drops_it_late
     caller, host = buses
     held: list[dict[str, Any]] = []
 
-    async def hold(channel: str, message: dict[str, Any]) -> None:  # the host's worker is too busy
+    async def hold(channel: str, message: dict[str, Any], **options: Any) -> None:  # the host's worker is too busy
         held.append(wire(message))
 
     caller.send = hold  # type: ignore[method-assign]
@@ -416,7 +416,7 @@ async def test_a_live_worker_that_does_not_take_a_call_is_busy_and_drops_it_late
 async def test_a_worker_whose_heartbeat_is_gone_is_unreachable(buses: tuple[LinkedBus, LinkedBus]) -> None:
     caller, _ = buses
 
-    async def lost(channel: str, message: dict[str, Any]) -> None:
+    async def lost(channel: str, message: dict[str, Any], **options: Any) -> None:
         pass
 
     caller.send = lost  # type: ignore[method-assign]
@@ -480,7 +480,7 @@ class LoopbackBus(Bus):
     def ensure_listening(self) -> None:
         pass
 
-    async def send(self, channel: str, message: dict[str, Any]) -> None:
+    async def send(self, channel: str, message: dict[str, Any], **options: Any) -> None:
         self._dispatch(wire(message))
 
 
