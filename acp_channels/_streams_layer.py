@@ -65,6 +65,8 @@ RECEIVERS: Final = "receivers"
 CLAIM_IDLE_MS: Final = 10_000
 #: A process's own stream: what its reads took is deleted once this many entries were read.
 DELETE_EVERY: Final = 32
+#: Connections of the pool that reads a process's own stream (one read at a time; one spare).
+OWN_READER_CONNECTIONS: Final = 2
 #: How long one blocking read waits before it is issued again (a dropped connection or a stream
 #: that expired is then noticed); below the socket timeout.
 BLOCK_MS: Final = 5000
@@ -104,13 +106,14 @@ return full
 """
 
 
-def connection_pool(host: str | dict[str, Any], size: int, timeout: float | None) -> Any:
+def connection_pool(host: str | dict[str, Any], size: int, timeout: float | None, *, blocking: bool = True) -> Any:
     """A redis-py connection pool for one host entry (a URL, `{"address": url, ...}` or a dict of
     connection arguments; Sentinel: `{"sentinels": [(host, port)...], "master_name": ...,
     "sentinel_kwargs": {...}}`) that waits up to `timeout` for a free connection past `size`
     (`max_connections` in the entry or its URL wins); replies may take DEFAULT_SOCKET_TIMEOUT
-    unless the entry says otherwise."""
-    from redis.asyncio import BlockingConnectionPool
+    unless the entry says otherwise. Not `blocking`: a pool for one task's commands in turn,
+    which never waits for a connection (nor pays for the waiting)."""
+    from redis.asyncio import BlockingConnectionPool, ConnectionPool
     from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
     options: dict[str, Any] = {"address": host} if isinstance(host, str) else dict(host)
@@ -120,6 +123,10 @@ def connection_pool(host: str | dict[str, Any], size: int, timeout: float | None
         sentinel = Sentinel(options.pop("sentinels"), sentinel_kwargs=options.pop("sentinel_kwargs", None))
         master = options.pop("master_name")
         return SentinelConnectionPool(master, sentinel, max_connections=size, **options)  # type: ignore[no-untyped-call]
+    if not blocking:
+        if "address" in options:
+            return ConnectionPool.from_url(options.pop("address"), max_connections=size, **options)
+        return ConnectionPool(max_connections=size, **options)
     if "address" in options:
         return BlockingConnectionPool.from_url(options.pop("address"), max_connections=size, timeout=timeout, **options)
     return BlockingConnectionPool(max_connections=size, timeout=timeout, **options)
@@ -162,6 +169,10 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         self.group_expiry = group_expiry
         self.client_prefix = secrets.token_hex(6)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Redis] = weakref.WeakKeyDictionary()
+        #: Per event loop, the client that reads this instance's own stream, on a small pool of
+        #: its own that never waits (its reads follow each other): a read through the shared
+        #: pool paid for that pool's waiting (a lock and a timeout) with every message.
+        self._own_readers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Redis] = weakref.WeakKeyDictionary()
         self._scripts: weakref.WeakKeyDictionary[Redis, AsyncScript] = weakref.WeakKeyDictionary()
         #: Entries of this instance's own stream read and not yet deleted (deleted with the next read).
         self._read_ids: list[bytes] = []
@@ -203,6 +214,14 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
             self._scripts[client] = client.register_script(_ADD)
         return client
 
+    def _own_reader(self) -> Redis:
+        loop = asyncio.get_running_loop()
+        client = self._own_readers.get(loop)
+        if client is None:
+            pool = connection_pool(self.host, OWN_READER_CONNECTIONS, None, blocking=False)
+            client = self._own_readers[loop] = Redis(connection_pool=pool)
+        return client
+
     def redis(self) -> Redis:
         """This event loop's redis-py client on the layer's Redis (for structures of the site
         kept next to the layer's, such as acp-channels' output journals; keys under
@@ -218,15 +237,18 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         for reader in readers:
             reader.cancel()
         client = self._clients.pop(loop, None)
-        if client is not None:
-            await client.connection_pool.disconnect()  # the connections in use too
+        own_reader = self._own_readers.pop(loop, None)
+        for each in (client, own_reader):
+            if each is not None:
+                await each.connection_pool.disconnect()  # the connections in use too
         if readers:
             await asyncio.wait(readers)
             for reader in readers:
                 if not reader.cancelled():
                     reader.exception()  # its connection closed under it: expected, and seen
-        if client is not None:
-            await client.aclose()
+        for each in (client, own_reader):
+            if each is not None:
+                await each.aclose()
 
     close = close_pools
 
@@ -374,7 +396,7 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         few reads at a time (DELETE_EVERY entries, or 1 % of the channel's capacity if that is
         less, so that what was read takes next to nothing of it): a read that also deletes is a
         pipeline, which costs redis-py more than the read alone."""
-        client = self._client()
+        client = self._own_reader()
         read_ids = self._read_ids
         if len(read_ids) >= max(1, min(DELETE_EVERY, self.get_capacity(channel) // 100)):
             # What the last reads took goes in the same round trip as the next read.
@@ -384,7 +406,10 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
                 _, reply = await pipe.execute()
             self._read_ids = []
         else:
-            reply = await client.xread({stream: self._last_id}, count=100, block=BLOCK_MS)
+            # The command itself (redis-py's xread() adds argument checks and instrumentation).
+            reply = await client.execute_command(  # type: ignore[no-untyped-call]
+                "XREAD", "COUNT", 100, "BLOCK", BLOCK_MS, "STREAMS", stream, self._last_id
+            )
         if not reply:
             return
         entries = reply[0][1]

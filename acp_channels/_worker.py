@@ -279,10 +279,9 @@ class Bus:
         resends = iter(RESEND_DELAYS)
         while True:
             try:
-                # Shielded: redis-py can swallow a cancellation that arrives mid-command, and a
-                # cancelled caller (a client that left) must stop at once. The send finishes on
-                # its own; its message is harmless to a caller that is gone.
-                await asyncio.shield(self.layer.send(channel, message))
+                # In the outbox's task of its own (never a caller's, which may be cancelled when
+                # its client leaves: it stops waiting, the send goes on).
+                await self.layer.send(channel, message)
                 return
             except ChannelFull:
                 if time.monotonic() > deadline:
