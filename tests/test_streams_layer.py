@@ -18,7 +18,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.exceptions import ChannelFull
 
-from acp_channels._streams_layer import StreamsChannelLayer
+from acp_channels._streams_layer import DELETE_EVERY, StreamsChannelLayer
 from tests.cluster import RedisServer
 
 #: Long enough for a message that should come, short enough for one that should not.
@@ -66,6 +66,22 @@ async def test_send_receive(layer: StreamsChannelLayer) -> None:
     await layer.send("test-channel-1", {"type": "test.message", "text": "Ahoy-hoy!"})
     message = await layer.receive("test-channel-1")
     assert message == {"type": "test.message", "text": "Ahoy-hoy!"}
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_process_specific_messages_arrive_in_order_over_either_protocol(
+    redis_server: RedisServer, prefix: str, protocol: int
+) -> None:
+    """The own stream's replies are read as Redis sends them (RESP2 lists or RESP3 maps), by a
+    plain read and by the read that deletes what came before (every DELETE_EVERY entries)."""
+    layer = StreamsChannelLayer(hosts=[{"address": redis_server.url, "protocol": protocol}], prefix=prefix)
+    channels = [await layer.new_channel() for _ in range(2)]
+    count = 3 * DELETE_EVERY
+    for number in range(count):
+        await layer.send(channels[number % 2], {"type": "m", "n": number})
+    got = [(await layer.receive(channels[number % 2]))["n"] for number in range(count)]
+    assert got == list(range(count))
+    await flush_and_close(layer)
 
 
 async def test_bytes_and_nested_values_come_back_as_sent(layer: StreamsChannelLayer) -> None:
