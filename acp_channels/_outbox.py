@@ -3,9 +3,11 @@
 An echo turn through a runner is a call's answer and then the turn's output, both to the same
 web worker a few event-loop steps apart; each layer message costs both ends a Redis command and
 Redis a script. A send waits while the loop has other work that may add to it (up to
-GATHER_STEPS steps, never past GATHER_SECONDS), then everything queued for that inbox meanwhile
-goes as one `acp.batch` (a lone message goes as itself). Messages keep their order per inbox;
-each sender learns how its batch fared (sent, or the error), as if it had sent alone.
+GATHER_STEPS steps, never past GATHER_SECONDS, and QUIET_STEPS once another message joined and
+none followed), then everything queued for that inbox meanwhile goes as one `acp.batch` (a lone
+message goes as itself). A call does not wait: its answer is what comes next. Messages keep
+their order per inbox; each sender learns how its batch fared (sent, or the error), as if it had
+sent alone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from typing import Any, Final
 #: Loop steps a batch stays open for more messages: the answer to a prompt and the first output of
 #: an in-process agent are this close (measured: bench/RUNNERS.md, Redis commands per echo turn).
 GATHER_STEPS: Final = 12
+#: Once company came, the batch goes after this many steps without more (an echo turn's output
+#: joins its answer one step after it, whole).
+QUIET_STEPS: Final = 2
 #: Never longer than this (a busy loop's steps are long: its batches fill anyway).
 GATHER_SECONDS: Final = 0.0005
 #: A batch closes at this many bytes of output (a stream's burst needs no company).
@@ -26,12 +31,14 @@ BATCH: Final = "acp.batch"
 
 
 class _Batch:
-    __slots__ = ("messages", "sent", "size")
+    __slots__ = ("joined", "messages", "sent", "size", "step")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.messages: list[dict[str, Any]] = []
         self.sent: asyncio.Future[None] = loop.create_future()
         self.size = 0
+        #: The loop steps the batch has waited, and the step at which its last message joined.
+        self.step = self.joined = 0
 
 
 def _size(message: dict[str, Any]) -> int:
@@ -62,6 +69,7 @@ class Outbox:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         batch.messages.append(message)
+        batch.joined = batch.step
         batch.size += _size(message)
         if batch.size >= GATHER_BYTES and self._open.get(channel) is batch:
             del self._open[channel]  # closed: the next message starts another
@@ -78,8 +86,12 @@ class Outbox:
         loop = asyncio.get_running_loop()
         opened = loop.time()
         try:
-            for _ in range(steps):
-                if self._open.get(channel) is not batch or loop.time() - opened >= GATHER_SECONDS:
+            for batch.step in range(steps):
+                if (
+                    self._open.get(channel) is not batch
+                    or loop.time() - opened >= GATHER_SECONDS
+                    or (len(batch.messages) > 1 and batch.step - batch.joined > QUIET_STEPS)
+                ):
                     break
                 await asyncio.sleep(0)
             if self._open.get(channel) is batch:

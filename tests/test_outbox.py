@@ -52,9 +52,9 @@ def unhurried(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_messages_ready_within_a_few_steps_go_as_one_in_order(unhurried: None) -> None:
     recorder = Recorder()
     box = Outbox(recorder)
-    # An answer, then output two and five loop steps later (as an in-process agent's).
+    # An answer, then output one and three loop steps later (as an in-process agent's).
     await asyncio.gather(
-        box.send("a", {"type": "t", "n": 1}), a_few_steps_later(box, "a", 2, 2), a_few_steps_later(box, "a", 3, 5)
+        box.send("a", {"type": "t", "n": 1}), a_few_steps_later(box, "a", 2, 1), a_few_steps_later(box, "a", 3, 3)
     )
     assert len(recorder.sent) == 1
     channel, message = recorder.sent[0]
@@ -190,3 +190,21 @@ async def a_few_steps_later_alone(box: Outbox, channel: str, n: int, steps: int)
     for _ in range(steps):
         await asyncio.sleep(0)
     await box.send(channel, {"type": "t", "n": n}, wait_for_company=False)
+
+
+async def test_a_batch_with_company_goes_once_a_few_steps_bring_no_more(unhurried: None) -> None:
+    recorder = Recorder()
+    box = Outbox(recorder)
+    later = outbox.QUIET_STEPS + 3
+    await asyncio.gather(
+        box.send("a", {"type": "t", "n": 1}), a_few_steps_later(box, "a", 2, 1), a_few_steps_later(box, "a", 3, later)
+    )
+    assert [len(unbatched(message)) for _, message in recorder.sent] == [2, 1]
+    assert flat(recorder.sent) == [("a", 1), ("a", 2), ("a", 3)]
+
+
+async def test_a_lone_message_waits_its_whole_gathering_for_company(unhurried: None) -> None:
+    recorder = Recorder()
+    box = Outbox(recorder)
+    await asyncio.gather(box.send("a", {"type": "t", "n": 1}), a_few_steps_later(box, "a", 2, outbox.GATHER_STEPS - 2))
+    assert [len(unbatched(message)) for _, message in recorder.sent] == [2]
