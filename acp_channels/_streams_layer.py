@@ -65,8 +65,8 @@ RECEIVERS: Final = "receivers"
 CLAIM_IDLE_MS: Final = 10_000
 #: A process's own stream: what its reads took is deleted once this many entries were read.
 DELETE_EVERY: Final = 32
-#: Connections of the pool that reads a process's own stream (one read at a time; one spare).
-OWN_READER_CONNECTIONS: Final = 2
+#: Channels whose capacity a layer remembers (then it starts over).
+CAPACITIES_REMEMBERED: Final = 4096
 #: How long one blocking read waits before it is issued again (a dropped connection or a stream
 #: that expired is then noticed); below the socket timeout.
 BLOCK_MS: Final = 5000
@@ -106,14 +106,13 @@ return full
 """
 
 
-def connection_pool(host: str | dict[str, Any], size: int, timeout: float | None, *, blocking: bool = True) -> Any:
+def connection_pool(host: str | dict[str, Any], size: int, timeout: float | None) -> Any:
     """A redis-py connection pool for one host entry (a URL, `{"address": url, ...}` or a dict of
     connection arguments; Sentinel: `{"sentinels": [(host, port)...], "master_name": ...,
     "sentinel_kwargs": {...}}`) that waits up to `timeout` for a free connection past `size`
     (`max_connections` in the entry or its URL wins); replies may take DEFAULT_SOCKET_TIMEOUT
-    unless the entry says otherwise. Not `blocking`: a pool for one task's commands in turn,
-    which never waits for a connection (nor pays for the waiting)."""
-    from redis.asyncio import BlockingConnectionPool, ConnectionPool
+    unless the entry says otherwise."""
+    from redis.asyncio import BlockingConnectionPool
     from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
     options: dict[str, Any] = {"address": host} if isinstance(host, str) else dict(host)
@@ -123,17 +122,9 @@ def connection_pool(host: str | dict[str, Any], size: int, timeout: float | None
         sentinel = Sentinel(options.pop("sentinels"), sentinel_kwargs=options.pop("sentinel_kwargs", None))
         master = options.pop("master_name")
         return SentinelConnectionPool(master, sentinel, max_connections=size, **options)  # type: ignore[no-untyped-call]
-    if not blocking:
-        if "address" in options:
-            return ConnectionPool.from_url(options.pop("address"), max_connections=size, **options)
-        return ConnectionPool(max_connections=size, **options)
     if "address" in options:
         return BlockingConnectionPool.from_url(options.pop("address"), max_connections=size, timeout=timeout, **options)
     return BlockingConnectionPool(max_connections=size, timeout=timeout, **options)
-
-
-def _as_sent(response: Any, **options: Any) -> Any:
-    return response
 
 
 def _own_entries(reply: Any) -> list[Any]:
@@ -184,11 +175,13 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         self.group_expiry = group_expiry
         self.client_prefix = secrets.token_hex(6)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Redis] = weakref.WeakKeyDictionary()
-        #: Per event loop, the client that reads this instance's own stream, on a small pool of
-        #: its own that never waits (its reads follow each other): a read through the shared
-        #: pool paid for that pool's waiting (a lock and a timeout) with every message.
-        self._own_readers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Redis] = weakref.WeakKeyDictionary()
+        #: Per event loop, the connection that reads this instance's own stream, held (its reads
+        #: follow each other): through the pool each read paid more for taking and giving back a
+        #: connection, redis-py's parsing of entries into dicts and its instrumentation than itself.
+        self._own_connections: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         self._scripts: weakref.WeakKeyDictionary[Redis, AsyncScript] = weakref.WeakKeyDictionary()
+        self._last_client: tuple[asyncio.AbstractEventLoop, Redis] | None = None
+        self._capacities: dict[str, int] = {}
         #: Entries of this instance's own stream read and not yet deleted (deleted with the next read).
         self._read_ids: list[bytes] = []
         #: Ordinary channels' streams whose next read takes this consumer's pending entries first.
@@ -222,23 +215,33 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
 
     def _client(self) -> Redis:
         loop = asyncio.get_running_loop()
+        last = self._last_client
+        if last is not None and last[0] is loop:
+            return last[1]  # the usual case, without a weak dictionary's lookup per command
         client = self._clients.get(loop)
         if client is None:
             pool = connection_pool(self.host, self.pool_size, self.pool_timeout)
             client = self._clients[loop] = Redis(connection_pool=pool)
             self._scripts[client] = client.register_script(_ADD)
+        self._last_client = (loop, client)
         return client
 
-    def _own_reader(self) -> Redis:
+    def _capacity(self, channel: str) -> int:
+        """`get_capacity` (a match against every pattern), remembered per channel."""
+        capacity = self._capacities.get(channel)
+        if capacity is None:
+            if len(self._capacities) >= CAPACITIES_REMEMBERED:
+                self._capacities.clear()
+            capacity = self._capacities[channel] = self.get_capacity(channel)
+        return capacity
+
+    async def _own_connection(self) -> Any:
         loop = asyncio.get_running_loop()
-        client = self._own_readers.get(loop)
-        if client is None:
-            pool = connection_pool(self.host, OWN_READER_CONNECTIONS, None, blocking=False)
-            client = self._own_readers[loop] = Redis(connection_pool=pool)
-            # Its replies as Redis sends them (`_own_entries` reads them): redis-py's parsing into
-            # dicts cost more than the rest of a read. This client is the layer's alone.
-            client.set_response_callback("XREAD", _as_sent)
-        return client
+        connection = self._own_connections.get(loop)
+        if connection is None:
+            pool = self._client().connection_pool
+            connection = self._own_connections[loop] = await pool.get_connection()  # type: ignore[no-untyped-call]
+        return connection
 
     def redis(self) -> Redis:
         """This event loop's redis-py client on the layer's Redis (for structures of the site
@@ -255,18 +258,17 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         for reader in readers:
             reader.cancel()
         client = self._clients.pop(loop, None)
-        own_reader = self._own_readers.pop(loop, None)
-        for each in (client, own_reader):
-            if each is not None:
-                await each.connection_pool.disconnect()  # the connections in use too
+        self._own_connections.pop(loop, None)
+        self._last_client = None
+        if client is not None:
+            await client.connection_pool.disconnect()  # the connections in use too (a held read's)
         if readers:
             await asyncio.wait(readers)
             for reader in readers:
                 if not reader.cancelled():
                     reader.exception()  # its connection closed under it: expected, and seen
-        for each in (client, own_reader):
-            if each is not None:
-                await each.aclose()
+        if client is not None:
+            await client.aclose()
 
     close = close_pools
 
@@ -300,7 +302,7 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         capacity, which got nothing."""
         arguments: list[Any] = []
         for channel in channels:
-            arguments += [channel, int("!" in channel), self.get_capacity(channel)]
+            arguments += [channel, int("!" in channel), self._capacity(channel)]
         client = self._client()
         keys = [self._stream(channel) for channel in channels]
         values = [int(self.expiry * 1000), self._ttl_ms(), msgpack.packb(message, use_bin_type=True), *arguments]
@@ -414,19 +416,22 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
         few reads at a time (DELETE_EVERY entries, or 1 % of the channel's capacity if that is
         less, so that what was read takes next to nothing of it): a read that also deletes is a
         pipeline, which costs redis-py more than the read alone."""
-        client = self._own_reader()
+        connection = await self._own_connection()
         read_ids = self._read_ids
         read = ("XREAD", "COUNT", 100, "BLOCK", BLOCK_MS, "STREAMS", stream, self._last_id)
-        if len(read_ids) >= max(1, min(DELETE_EVERY, self.get_capacity(channel) // 100)):
-            # What the last reads took goes in the same round trip as the next read.
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.xdel(stream, *read_ids)
-                pipe.execute_command(*read)
-                _, reply = await pipe.execute()
-            self._read_ids = []
-        else:
-            # The command itself (redis-py's xread() adds argument checks and instrumentation).
-            reply = await client.execute_command(*read)  # type: ignore[no-untyped-call]
+        try:
+            if len(read_ids) >= max(1, min(DELETE_EVERY, self._capacity(channel) // 100)):
+                # What the last reads took goes in the same round trip as the next read.
+                await connection.send_packed_command(connection.pack_commands([("XDEL", stream, *read_ids), read]))
+                await connection.read_response()
+                self._read_ids = []
+            else:
+                await connection.send_command(*read)
+            reply = await connection.read_response()
+        except BaseException:
+            # A read cut short (a failure, a cancel) leaves its reply unread: read again anew.
+            await connection.disconnect(nowait=True)
+            raise
         entries = _own_entries(reply)
         if not entries:
             return
@@ -436,7 +441,7 @@ class StreamsChannelLayer(BaseChannelLayer):  # type: ignore[misc]
             # Written as m, c (the script's XADD); a pair's order is kept.
             message, target = fields[1], fields[3].decode()
             buffer = self._buffers[target]
-            if len(buffer) >= self.get_capacity(target):
+            if len(buffer) >= self._capacity(target):
                 buffer.popleft()
                 logger.warning("channel %s: its buffer was full, the oldest message was dropped", target)
             buffer.append(msgpack.unpackb(message, raw=False))
