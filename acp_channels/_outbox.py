@@ -24,8 +24,9 @@ GATHER_STEPS: Final = 12
 QUIET_STEPS: Final = 2
 #: Never longer than this (a busy loop's steps are long: its batches fill anyway).
 GATHER_SECONDS: Final = 0.0005
-#: A batch closes at this many bytes of output (a stream's burst needs no company).
-GATHER_BYTES: Final = 256 * 1024
+#: A batch closes at this many bytes of output: past it, company saves little, and a stream's
+#: pushes (each waiting for its acknowledgement credit) must not wait for any.
+GATHER_BYTES: Final = 16 * 1024
 
 BATCH: Final = "acp.batch"
 
