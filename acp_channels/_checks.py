@@ -203,20 +203,21 @@ AUTH_HINT = (
 
 
 def _check_authentication(agent: Any) -> list[CheckMessage]:
-    """E021-E028, W004: the authentication settings, and serving without authentication."""
+    """E021-E028, E042, W004: the authentication settings, and serving without authentication."""
     errors: list[CheckMessage] = []
     authenticate = acp_settings.AUTHENTICATE
     token_lookup = acp_settings.TOKEN_LOOKUP
     errors += _check_dotted_callable("AUTHENTICATE", authenticate, "acp_channels.E021")
     errors += _check_dotted_callable("TOKEN_LOOKUP", token_lookup, "acp_channels.E022")
-    permission = acp_settings.REQUIRED_PERMISSION
-    if permission is not None and not is_permission(permission):
-        errors.append(
-            Error(
-                f"ACP_CHANNELS['REQUIRED_PERMISSION'] must be 'app_label.codename' or None, not {permission!r}.",
-                id="acp_channels.E023",
+    for name, check_id in (
+        ("REQUIRED_PERMISSION", "acp_channels.E023"),
+        ("SESSIONS_VIEW_ALL_PERMISSION", "acp_channels.E042"),
+    ):
+        permission = getattr(acp_settings, name)
+        if permission is not None and not is_permission(permission):
+            errors.append(
+                Error(f"ACP_CHANNELS['{name}'] must be 'app_label.codename' or None, not {permission!r}.", id=check_id)
             )
-        )
     errors += _check_tokens(token_lookup)
     allow_anonymous = acp_settings.ALLOW_ANONYMOUS
     if authenticate is None and allow_anonymous is not True:

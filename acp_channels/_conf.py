@@ -193,6 +193,9 @@ class AcpSettings:
     # A Django permission ("app_label.codename") a user must have, for the authenticators that
     # yield Django users. None: any authenticated user.
     REQUIRED_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E023")
+    # A Django permission ("app_label.codename") whose users see every principal's connections
+    # and sessions in the directory (GET /acp/sessions). None: each sees only its own.
+    SESSIONS_VIEW_ALL_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E042")
     # Connections one principal may hold at once on a worker; beyond it initialize gets 429.
     # Anonymous access is bounded by MAX_CONNECTIONS only.
     MAX_CONNECTIONS_PER_PRINCIPAL = OptionalNumber(32, int, "acp_channels.E025")

@@ -225,6 +225,17 @@ async def _has_perm(user: Any, permission: str) -> bool:
     return bool(await sync_to_async(user.has_perm)(permission))
 
 
+async def user_has_permission(principal: Principal, permission: str) -> bool:
+    """Whether `principal` is a Django user ("user", pk) with `permission` (an inactive or
+    deleted user has none; a token without a user has none)."""
+    if principal.kind != "user":
+        return False
+    from django.contrib.auth import get_user_model
+
+    user = await get_user_model()._default_manager.filter(pk=principal.id).afirst()
+    return user is not None and await _has_perm(user, permission)
+
+
 async def settings_tokens(token: str) -> Principal | None:
     """TOKEN_LOOKUP for a shared token: ACP_CHANNELS["TOKENS"] = {token: principal id}. Every
     entry is compared in constant time, with no early exit, so timing tells nothing about

@@ -1,15 +1,18 @@
 """`include("acp_channels.urls")`: the endpoint is exactly `acp` (no slash, so APPEND_SLASH never
-redirects it); the view is CSRF-exempt. Next to it: `health` (liveness), `ready` (readiness) and
+redirects it); the view is CSRF-exempt. Next to it: `acp/sessions` (the session directory,
+docs/shared-sessions.md), `health` (liveness), `ready` (readiness) and
 `metrics` (Prometheus; 404 unless ACP_CHANNELS["METRICS"] is on)."""
 
 from django.urls import path
 
 from acp_channels import _probes as probes
 from acp_channels._cors import ENDPOINT_URL_NAME
+from acp_channels._directory import sessions_endpoint
 from acp_channels._views import acp_endpoint, health
 
 urlpatterns = [
     path("acp", acp_endpoint, name=ENDPOINT_URL_NAME),
+    path("acp/sessions", sessions_endpoint, name="acp-sessions"),
     path("health", health, name="acp-health"),
     path("ready", probes.ready, name="acp-ready"),
     path("metrics", probes.metrics, name="acp-metrics"),

@@ -29,6 +29,7 @@ from acp_channels._host import (
     TooManyStreams,
     registry,
 )
+from acp_channels._identity import Principal
 from acp_channels._inventory import ConnectionInfo, local_connections
 from acp_channels._protocol import InboundPlan, SessionHeaderError
 from acp_channels._worker import MAX_TAKE_BYTES, WORKER_ID, bus, lease_idle_limit, worker_of, worker_timeout
@@ -334,7 +335,7 @@ async def serve_probe(op: Probe) -> Reply:
 
 
 async def serve_list_connections(op: ListConnections) -> Reply:
-    return Connections(tuple(local_connections()))
+    return Connections(tuple(local_connections(op.owner)))
 
 
 async def serve_end_connection(op: EndConnection) -> Reply:
@@ -362,11 +363,11 @@ bus.handle(EndConnection, serve_end_connection)
 # -- the cluster, for operators ----------------------------------------------------------------
 
 
-async def cluster_connections() -> tuple[list[ConnectionInfo], list[str]]:
-    """Every live connection of the cluster (each live worker's, oldest first), and the ids of
-    the live workers that did not answer within LIST_TIMEOUT. With the in-memory layer: this
-    process's own."""
-    connections = local_connections()
+async def cluster_connections(owner: Principal | None = None) -> tuple[list[ConnectionInfo], list[str]]:
+    """Every live connection of the cluster (each live worker's, oldest first; only `owner`'s if
+    given), and the ids of the live workers that did not answer within LIST_TIMEOUT. With the
+    in-memory layer: this process's own."""
+    connections = local_connections(owner)
     if not bus.shared:
         return connections, []
     bus.ensure_listening()
@@ -374,7 +375,7 @@ async def cluster_connections() -> tuple[list[ConnectionInfo], list[str]]:
 
     async def ask(worker: str) -> list[ConnectionInfo] | None:
         try:
-            reply = await bus.call(worker, ListConnections(), timeout=LIST_TIMEOUT)
+            reply = await bus.call(worker, ListConnections(owner), timeout=LIST_TIMEOUT)
         except Exception:
             return None
         return list(reply.items) if isinstance(reply, Connections) else None

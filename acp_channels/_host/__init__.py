@@ -10,7 +10,7 @@ from acp_channels._host.budget import OutboundBudget, WorkerBudget
 from acp_channels._host.connection import ConnectionHost, InitializeReply
 from acp_channels._host.mailbox import TAKE_BYTES, Delivery, Mailbox, SocketOutbox, StreamLease
 from acp_channels._host.registry import Registry, registry, sweep_interval
-from acp_channels._host.resume import RESUME_META_KEY, advertise_resume, resume_capabilities
+from acp_channels._host.resume import RESUME_META_KEY, advertise_server_meta, resume_capabilities
 from acp_channels._identity import TransportKind
 from acp_channels.errors import (
     AgentEnded,
@@ -44,7 +44,7 @@ __all__ = [
     "TooManyStreams",
     "TransportKind",
     "WorkerBudget",
-    "advertise_resume",
+    "advertise_server_meta",
     "registry",
     "resume_capabilities",
     "sweep_interval",

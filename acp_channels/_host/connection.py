@@ -1,9 +1,9 @@
 """One ACP connection and its agent: `ConnectionHost`.
 
 It owns the agent, the requests in flight and where their replies go (`requests`), the outbound
-router and the per-stream mailboxes (`mailbox`), and for a WebSocket its socket's state
-(`socket`). The edges reach it through a few message-shaped operations (via the gateway):
-submit a planned frame, initialize, lease a stream, take deliveries, terminate.
+router and the per-stream mailboxes (`mailbox`), what it saw of its sessions (`sessions`), and
+for a WebSocket its socket's state (`socket`). The edges reach it through a few operations (via
+the gateway): submit a planned frame, initialize, lease a stream, take deliveries, terminate.
 
 Everything a connection holds is bounded: undelivered output by its budget (bytes queued plus
 bytes handed to a reader and not yet confirmed written) and by the worker's budget summed over
@@ -30,7 +30,8 @@ from acp_channels._host.budget import OutboundBudget, WorkerBudget
 from acp_channels._host.mailbox import Mailbox, SocketOutbox, StreamLease
 from acp_channels._host.oversize import OversizeRefusals, largest_agent_message
 from acp_channels._host.requests import PendingRequests, too_many_requests_reply
-from acp_channels._host.resume import advertise_resume
+from acp_channels._host.resume import advertise_server_meta
+from acp_channels._host.sessions import SessionDirectory
 from acp_channels._host.socket import GracePeriod, SocketInbox, socket_frame_refusal
 from acp_channels._identity import ANONYMOUS, Principal, TransportKind
 from acp_channels._protocol import Frame, InboundPlan, StreamKey
@@ -103,6 +104,7 @@ class ConnectionHost:
         self._pending = PendingRequests(worker_budget)
         # The stream each pending agent->client request went to, by id.
         self._agent_requests: dict[str, StreamKey] = {}
+        self.sessions = SessionDirectory()  # for the directory (GET /acp/sessions)
         self._router: asyncio.Task[None] | None = None
         self._on_end = on_end
         self.ended = LazyEvent()
@@ -144,6 +146,7 @@ class ConnectionHost:
         self._pending.add_routes(plan.routes, request_bytes)
         for session_id in plan.sessions:  # a stream no reply will go to is not kept
             self._collect(session_id)
+        self.sessions.inbound(plan.frame)
         metrics.record_messages_in(self.transport, plan.frame)
         await self.agent.send(plan.frame)
 
@@ -167,6 +170,7 @@ class ConnectionHost:
         for message in protocol.frame_messages(frame):
             if message.get("method") == protocol.INITIALIZE_METHOD and message.get("id") is not None:
                 self._socket_initializing.add(protocol.id_key(message["id"]))
+        self.sessions.inbound(frame)
         metrics.record_messages_in(self.transport, frame)
         await self.agent.send(frame)
 
@@ -187,10 +191,8 @@ class ConnectionHost:
 
     async def initialize(self, frame: Frame, init_id: object) -> InitializeReply:
         """Forward an initial frame and wait for the reply to `init_id` (docs/wire-contract.md §5.2).
-
-        Whatever else the agent sends meanwhile is routed to mailboxes for SSE. The router
-        starts only once the connection is accepted.
-        """
+        What else the agent sends meanwhile goes to mailboxes; the router starts once accepted."""
+        self.sessions.inbound(frame)
         metrics.record_messages_in(self.transport, frame)
         await self.agent.send(frame)
         while True:
@@ -205,10 +207,10 @@ class ConnectionHost:
             accepted = not protocol.is_error_response(reply)
             if not accepted:
                 return InitializeReply(protocol.serialize_frame(output), accepted)
-            advertise_resume(reply)
+            self.sessions.outbound(output)  # the agent's name
+            advertise_server_meta(reply)
             self.start()
-            # Serialized again: the agent's own text (`raw`) lacks the `_meta` just added.
-            return InitializeReply(protocol.dumps(protocol.frame_value(output)), accepted)
+            return InitializeReply(protocol.dumps(protocol.frame_value(output)), accepted)  # with the `_meta` added
 
     # -- replies the transport makes itself ---------------------------------------------------
 
@@ -232,10 +234,9 @@ class ConnectionHost:
         return self._socket_inbox.received
 
     def attach_socket(self, last_seq: int, holder: object) -> int:
-        """A new socket reattaches to this connection: the outbox is resumed after message
-        `last_seq` (the last one the client received) and taken over from any socket still
-        attached. Returns the count of client messages received so far. Raises StreamBusy (not
-        a WebSocket connection), AgentClosed (ended) or ReplayUnavailable."""
+        """A new socket reattaches: the outbox resumes after message `last_seq` (the last the
+        client received), taken over from any socket still attached. Returns the client messages
+        received so far. Raises StreamBusy (not a WebSocket), AgentClosed or ReplayUnavailable."""
         if self.transport != "websocket":
             raise StreamBusy
         if self.ended.is_set():
@@ -251,12 +252,10 @@ class ConnectionHost:
 
     async def receive_from_socket(self, text: str, holder: object) -> bool:
         """A text message the client sent on socket `holder`: counted, then handed to the agent
-        after every message counted before it. False (dropped) when `holder` is not the socket
-        attached now: the client resends whatever `Acp-Received` does not count. Raises
-        AgentClosed once the connection has ended.
-
-        The delivery runs as a task of its own, so a consumer cancelled meanwhile (its socket is
-        gone) cannot lose a message already counted."""
+        after every message counted before it (in a task of its own: a consumer cancelled
+        meanwhile cannot lose a message counted). False (dropped) when `holder` is not the socket
+        attached now: the client resends what `Acp-Received` does not count. Raises AgentClosed
+        once the connection has ended."""
         if self.ended.is_set():
             raise AgentClosed("connection ended")
         if self.socket_outbox.holder is not holder:
@@ -321,9 +320,8 @@ class ConnectionHost:
         return True
 
     def stream(self, key: StreamKey) -> Mailbox:
-        """The mailbox of a stream, created on demand (§6.2). The agent's output and POSTs
-        may create session streams beyond MAX_SESSION_STREAMS: nothing the agent says is
-        dropped, and POSTs are bounded by MAX_PENDING_REQUESTS."""
+        """A stream's mailbox, made on demand (§6.2), beyond MAX_SESSION_STREAMS too: nothing the
+        agent says is dropped (POSTs are bounded by MAX_PENDING_REQUESTS)."""
         mailbox = self._streams.get(key)
         if mailbox is None:
             tag, last_seq = self._forgotten.pop(key, (None, 0))
@@ -340,9 +338,8 @@ class ConnectionHost:
         return mailbox
 
     def stream_for_reader(self, key: StreamKey) -> Mailbox:
-        """The mailbox an SSE reader leases. A WebSocket connection has no SSE streams: always
-        busy (409), as in the reference. A new session stream beyond MAX_SESSION_STREAMS is
-        TooManyStreams (429)."""
+        """The mailbox an SSE reader leases: StreamBusy on a WebSocket connection (409, as in the
+        reference); TooManyStreams (429) for a new session stream past MAX_SESSION_STREAMS."""
         if self.transport == "websocket":
             raise StreamBusy
         if key is not protocol.CONNECTION_STREAM and key not in self._streams:
@@ -352,9 +349,8 @@ class ConnectionHost:
         return self.stream(key)
 
     def lease(self, key: StreamKey, resume: str | None = None) -> StreamLease:
-        """Take the single-reader lease on an SSE stream: StreamBusy when it is taken (409),
-        unless `resume` names the last event the reader got (then it takes over, or raises
-        ReplayUnavailable)."""
+        """The single-reader lease on an SSE stream: StreamBusy when taken (409), unless `resume`
+        names the last event the reader got (it takes over, or raises ReplayUnavailable)."""
         return StreamLease(self.stream_for_reader(key), resume)
 
     def _forget_a_window(self) -> bool:
@@ -384,8 +380,7 @@ class ConnectionHost:
             self._forgotten.popitem(last=False)
 
     def _collect(self, key: StreamKey, mailbox: Mailbox | None = None) -> None:
-        """Forget a session stream nothing is in, nobody reads and no pending reply goes to:
-        a stream for a session the agent never created does not stay behind."""
+        """Forget a session stream nothing is in, nobody reads and no pending reply goes to."""
         current = self._streams.get(key)
         if (
             key is protocol.CONNECTION_STREAM
@@ -432,6 +427,7 @@ class ConnectionHost:
             if refused is None:
                 return
             frame, text = refused, protocol.serialize_frame(refused)
+        self.sessions.outbound(frame)
         if self.transport == "websocket":
             if self._count_socket_replies(frame):  # an initialize reply got `_meta`: the raw text lacks it
                 text = protocol.dumps(protocol.frame_value(frame))
@@ -457,12 +453,18 @@ class ConnectionHost:
             if key in self._socket_initializing:
                 self._socket_initializing.discard(key)
                 if not protocol.is_error_response(message):
-                    advertise_resume(message, self.connection_id)
+                    advertise_server_meta(message, self.connection_id)
                     advertised = True
             self._pending.answer_socket(key)
         return advertised
 
     # -- lifetime ----------------------------------------------------------------------------
+
+    @property
+    def attachments(self) -> int:
+        """Readers attached now: the socket, or each stream's reader."""
+        streams = [self._socket_outbox] if self.transport == "websocket" else list(self._streams.values())
+        return sum(1 for mailbox in streams if mailbox is not None and mailbox.leased)
 
     def idle_since(self, now: float) -> float:
         """Seconds without POSTs and without any stream reader (a reader keeps it alive). A

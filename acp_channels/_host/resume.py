@@ -1,5 +1,5 @@
-"""What the server tells a client about resuming its streams, in the initialize result's `_meta`
-(docs/resumable-streams.md)."""
+"""What the server tells a client about resuming its streams (docs/resumable-streams.md) and
+listing its sessions (docs/shared-sessions.md), in the initialize result's `_meta`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,17 @@ from acp_channels._conf import acp_settings
 #: The key under the initialize result's `_meta` where the server says how streams resume
 #: (docs/resumable-streams.md).
 RESUME_META_KEY: Final = "acp-channels/resume"
+#: Where it says where the principal's sessions are listed (the directory's path).
+SESSIONS_META_KEY: Final = "acp-channels/sessions"
+
+
+def _directory_path() -> str | None:
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        return reverse("acp-sessions")
+    except NoReverseMatch:  # a site that routes the endpoint itself, without acp_channels.urls
+        return None
 
 
 def resume_capabilities() -> dict[str, Any]:
@@ -25,10 +36,11 @@ def resume_capabilities() -> dict[str, Any]:
     }
 
 
-def advertise_resume(reply: protocol.Message, connection_id: str | None = None) -> None:
-    """Add what the server supports for resuming streams to an initialize result's `_meta`
-    (next to what the agent put there). A WebSocket's reply also names its connection: a browser
-    cannot read the 101's `Acp-Connection-Id`, and needs the id to reattach; and the method of the
+def advertise_server_meta(reply: protocol.Message, connection_id: str | None = None) -> None:
+    """Add what the server offers beside the agent to an initialize result's `_meta` (next to
+    what the agent put there): how streams resume, and the session directory
+    (docs/shared-sessions.md). A WebSocket's reply also names its connection: a browser cannot
+    read the 101's `Acp-Connection-Id`, and needs the id to reattach; and the method of the
     message that tells a reattached browser socket how many of its messages the server has."""
     result = reply.get("result")
     if isinstance(result, dict):
@@ -41,3 +53,4 @@ def advertise_resume(reply: protocol.Message, connection_id: str | None = None) 
             # A browser reattaches in the query form, and learns Acp-Received from this message.
             capabilities["receivedNotification"] = protocol.RECEIVED_NOTIFICATION
         meta[RESUME_META_KEY] = capabilities
+        meta[SESSIONS_META_KEY] = {"directory": _directory_path()}

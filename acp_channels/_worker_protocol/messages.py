@@ -350,7 +350,10 @@ class Probe(Op):
 @message("connections")
 @dataclass(frozen=True, slots=True)
 class ListConnections(Op):
+    """Every connection the worker hosts, or only `owner`'s (the session directory)."""
+
     replies = (Connections,)
+    owner: Principal | None = None
 
 
 @message("end")

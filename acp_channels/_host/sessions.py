@@ -1,0 +1,115 @@
+"""What a connection's host knows of its sessions, from the messages it relays: each session's
+first and last activity, whether a turn runs (a `session/prompt` not answered yet), and the
+permission requests the agent is waiting on (`session/request_permission` not answered yet).
+The directory (`GET /acp/sessions`, `_acp-channels/sessions/list`) reads it; nothing is
+inferred from anything but the wire.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from acp_channels import _protocol as protocol
+from acp_channels._protocol import Frame
+
+PROMPT: Final = "session/prompt"
+PERMISSION: Final = "session/request_permission"
+#: Sessions one connection keeps in its directory (the least recently active go first).
+MAX_SESSIONS: Final = 256
+
+
+@dataclass(slots=True)
+class SessionActivity:
+    session_id: str
+    #: Wall-clock seconds (time.time()) of the first and the last message naming the session.
+    created: float
+    last_activity: float
+    #: Prompt requests (by id key) the agent has not answered.
+    prompts: set[str] = field(default_factory=set)
+    #: Permission requests (by id key) the client has not answered.
+    permissions: set[str] = field(default_factory=set)
+
+    @property
+    def turn_running(self) -> bool:
+        return bool(self.prompts)
+
+
+class SessionDirectory:
+    """One connection's sessions, in the order they were last active."""
+
+    def __init__(self) -> None:
+        #: The agent's name, from its initialize result (`agentInfo.name`), once seen.
+        self.agent: str | None = None
+        self._sessions: dict[str, SessionActivity] = {}
+        #: Requests whose answer ends something, id key -> session id (the sides' ids are apart).
+        self._waiting_client: dict[str, str] = {}  # client requests (prompts) the agent answers
+        self._waiting_agent: dict[str, str] = {}  # agent requests (permissions) the client answers
+
+    def __iter__(self) -> Iterator[SessionActivity]:
+        return iter(self._sessions.values())
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def inbound(self, frame: Frame) -> None:
+        """A frame from the client to the agent."""
+        for message in protocol.frame_messages(frame):
+            self._seen(message, self._waiting_client, self._waiting_agent, PROMPT)
+
+    def outbound(self, frame: Frame) -> None:
+        """A frame from the agent to the client."""
+        for message in protocol.frame_messages(frame):
+            self._seen(message, self._waiting_agent, self._waiting_client, PERMISSION)
+            result = message.get("result")
+            if not isinstance(result, dict):
+                continue
+            if isinstance(result.get("sessionId"), str):
+                self._touch(result["sessionId"])  # session/new, session/fork: a new session
+            info = result.get("agentInfo")
+            if isinstance(info, dict) and isinstance(info.get("name"), str):
+                self.agent = info["name"]
+
+    def _seen(self, message: dict[str, Any], requests: dict[str, str], answers: dict[str, str], tracked: str) -> None:
+        """A message from one side: a request of `tracked` is remembered until the other side
+        answers it; a response ends what it answers."""
+        request_id = message.get("id")
+        if "method" not in message:
+            if request_id is not None:  # answers the other side's request of the other kind
+                self._answered(answers, protocol.id_key(request_id), PERMISSION if tracked == PROMPT else PROMPT)
+            return
+        session_id = protocol.message_session_id(message)
+        if session_id is None:
+            return
+        activity = self._touch(session_id)
+        if message["method"] == tracked and request_id is not None:
+            key = protocol.id_key(request_id)
+            requests[key] = session_id
+            (activity.prompts if tracked == PROMPT else activity.permissions).add(key)
+
+    def _answered(self, waiting: dict[str, str], key: str, kind: str) -> None:
+        session_id = waiting.pop(key, None)
+        activity = self._sessions.get(session_id) if session_id is not None else None
+        if activity is not None:
+            (activity.prompts if kind == PROMPT else activity.permissions).discard(key)
+            self._touch(activity.session_id)
+
+    def _touch(self, session_id: str) -> SessionActivity:
+        now = time.time()
+        activity = self._sessions.pop(session_id, None)
+        if activity is None:
+            activity = SessionActivity(session_id, now, now)
+            if len(self._sessions) >= MAX_SESSIONS:
+                oldest = next(iter(self._sessions))
+                self._forget(self._sessions.pop(oldest))
+        activity.last_activity = now
+        self._sessions[session_id] = activity  # last: the most recently active
+        return activity
+
+    def _forget(self, activity: SessionActivity) -> None:
+        for key in activity.prompts:
+            self._waiting_client.pop(key, None)
+        for key in activity.permissions:
+            self._waiting_agent.pop(key, None)

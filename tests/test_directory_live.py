@@ -1,0 +1,111 @@
+"""The session directory on a live server (one worker, three behind a balancer, and two web
+workers with two runners): a
+principal's running turn is listed with its session, agent and attachments, and ends listed
+as idle; another principal sees none of it; the initialize result says where the directory is;
+anything but GET is 405; no credentials is 401 (docs/shared-sessions.md)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests import auth_fixtures as tokens
+from tests.cluster import Cluster
+from tests.conftest import SHAPES, start_server
+from tests.live import JSON, DaphneServer, open_sse, post, rpc
+
+ENV = {
+    "ACP_AUTHENTICATE": "acp_channels.auth.bearer_token",
+    "ACP_TOKEN_LOOKUP": "tests.auth_fixtures.lookup",
+    "ACP_KEEPALIVE_SECONDS": "0.5",
+}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module", params=[*SHAPES, "runners"])
+def server(request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
+    if request.param == "runners":  # two web workers host nothing; two runners host the agents
+        redis = request.getfixturevalue("redis_server")
+        live: DaphneServer | Cluster = Cluster(
+            redis, size=2, runner_count=2, env={**ENV, "ACP_AGENT_HOSTS": "runners"}
+        ).start()
+    else:
+        live = start_server(request.param, ENV, request)
+    yield live
+    live.stop()
+    assert live.errors() == []
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    # A new TCP connection per request: through the balancer, requests land on different workers.
+    async with httpx.AsyncClient(timeout=20.0, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+        yield client
+
+
+def directory_url(server: DaphneServer | Cluster) -> str:
+    return server.url + "/sessions"
+
+
+async def listed(http: httpx.AsyncClient, server: DaphneServer | Cluster, token: str) -> dict[str, Any]:
+    response = await http.get(directory_url(server), headers=bearer(token))
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    body: dict[str, Any] = response.json()
+    assert body["complete"] is True
+    return body
+
+
+async def test_a_running_turn_is_listed_for_its_principal_only(
+    server: DaphneServer | Cluster, http: httpx.AsyncClient
+) -> None:
+    alice = bearer(tokens.ALICE)
+    response = await http.post(server.url, headers={**JSON, **alice}, json=rpc(0, "initialize", {"protocolVersion": 1}))
+    assert response.status_code == 200
+    connection_id = response.headers["acp-connection-id"]
+    meta = response.json()["result"]["_meta"]
+    assert meta["acp-channels/sessions"] == {"directory": "/acp/sessions"}
+    async with open_sse(http, server.url, connection_id, **alice) as connection_stream:
+        new = rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})
+        assert (await post(http, server.url, new, connection_id, **alice)).status_code == 202
+        session_id = (await connection_stream.next())["result"]["sessionId"]
+        async with open_sse(http, server.url, connection_id, session_id, **alice) as session_stream:
+            prompt = rpc(
+                2, "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "tick 3 300"}]}
+            )
+            assert (await post(http, server.url, prompt, connection_id, session_id, **alice)).status_code == 202
+            first = await session_stream.next()
+            assert first["method"] == "session/update"
+            body = await listed(http, server, tokens.ALICE)
+            (session,) = [entry for entry in body["sessions"] if entry["sessionId"] == session_id]
+            assert session["connectionId"] == connection_id
+            assert session["turnRunning"] is True and session["pendingPermissions"] == 0
+            assert session["agent"] == "acp-channels-demo" and session["principal"] == "token:alice"
+            assert session["attachments"] == 2  # the connection stream and the session stream
+            (connection,) = [entry for entry in body["connections"] if entry["connectionId"] == connection_id]
+            assert connection["sessions"] == [session_id] and connection["transport"] == "http"
+            # Bob sees none of Alice's.
+            others = await listed(http, server, tokens.BOB)
+            assert connection_id not in {entry["connectionId"] for entry in others["connections"]}
+            assert session_id not in {entry["sessionId"] for entry in others["sessions"]}
+            while "result" not in (message := await session_stream.next()):
+                assert message["method"] == "session/update"
+            assert message["id"] == 2
+        body = await listed(http, server, tokens.ALICE)
+        (session,) = [entry for entry in body["sessions"] if entry["sessionId"] == session_id]
+        assert session["turnRunning"] is False and session["attachments"] == 1
+    assert (await http.delete(server.url, headers={"Acp-Connection-Id": connection_id, **alice})).status_code == 202
+
+
+async def test_the_directory_needs_credentials_and_a_get(
+    server: DaphneServer | Cluster, http: httpx.AsyncClient
+) -> None:
+    assert (await http.get(directory_url(server))).status_code == 401
+    response = await http.post(directory_url(server), headers=bearer(tokens.ALICE), content=b"{}")
+    assert response.status_code == 405 and response.headers["allow"] == "GET, HEAD"
