@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 
-from acp_channels._host import registry
+from acp_channels._host.registry import registry
 
 logger = logging.getLogger("acp_channels.lifecycle")
 

@@ -6,11 +6,14 @@ anything but GET is 405; no credentials is 401 (docs/shared-sessions.md)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from websockets.asyncio.client import connect
 
 from tests import auth_fixtures as tokens
 from tests.cluster import Cluster
@@ -49,6 +52,10 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+def ws_url(server: DaphneServer | Cluster) -> str:
+    return server.url.replace("http://", "ws://", 1)
+
+
 def directory_url(server: DaphneServer | Cluster) -> str:
     return server.url + "/sessions"
 
@@ -70,7 +77,7 @@ async def test_a_running_turn_is_listed_for_its_principal_only(
     assert response.status_code == 200
     connection_id = response.headers["acp-connection-id"]
     meta = response.json()["result"]["_meta"]
-    assert meta["acp-channels/sessions"] == {"directory": "/acp/sessions"}
+    assert meta["acp-channels/sessions"] == {"directory": "/acp/sessions", "listMethod": "_acp-channels/sessions/list"}
     async with open_sse(http, server.url, connection_id, **alice) as connection_stream:
         new = rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})
         assert (await post(http, server.url, new, connection_id, **alice)).status_code == 202
@@ -94,12 +101,25 @@ async def test_a_running_turn_is_listed_for_its_principal_only(
             others = await listed(http, server, tokens.BOB)
             assert connection_id not in {entry["connectionId"] for entry in others["connections"]}
             assert session_id not in {entry["sessionId"] for entry in others["sessions"]}
+            # The same on the connection, as an extension method: its answer on the connection stream.
+            ask = rpc("list-1", "_acp-channels/sessions/list")
+            assert (await post(http, server.url, ask, connection_id, **alice)).status_code == 202
+            answer = await connection_stream.next()
+            assert answer["id"] == "list-1"
+            assert session_id in {entry["sessionId"] for entry in answer["result"]["sessions"]}
             while "result" not in (message := await session_stream.next()):
                 assert message["method"] == "session/update"
             assert message["id"] == 2
-        body = await listed(http, server, tokens.ALICE)
-        (session,) = [entry for entry in body["sessions"] if entry["sessionId"] == session_id]
-        assert session["turnRunning"] is False and session["attachments"] == 1
+        # The session stream's reader left: the server notices it closed (polled, as another
+        # process's state).
+        async with asyncio.timeout(10):
+            while True:
+                body = await listed(http, server, tokens.ALICE)
+                (session,) = [entry for entry in body["sessions"] if entry["sessionId"] == session_id]
+                if session["attachments"] == 1:
+                    break
+                await asyncio.sleep(0.05)
+        assert session["turnRunning"] is False
     assert (await http.delete(server.url, headers={"Acp-Connection-Id": connection_id, **alice})).status_code == 202
 
 
@@ -109,3 +129,33 @@ async def test_the_directory_needs_credentials_and_a_get(
     assert (await http.get(directory_url(server))).status_code == 401
     response = await http.post(directory_url(server), headers=bearer(tokens.ALICE), content=b"{}")
     assert response.status_code == 405 and response.headers["allow"] == "GET, HEAD"
+
+
+async def test_a_socket_asks_for_the_directory_on_its_connection(server: DaphneServer | Cluster) -> None:
+    alice = bearer(tokens.ALICE)
+    async with connect(
+        ws_url(server),
+        subprotocols=["acp"],  # type: ignore[list-item]
+        additional_headers=alice,
+        proxy=None,
+    ) as ws:
+        await ws.send(json.dumps(rpc(0, "initialize", {"protocolVersion": 1})))
+        init = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert init["result"]["_meta"]["acp-channels/sessions"]["listMethod"] == "_acp-channels/sessions/list"
+        await ws.send(json.dumps(rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})))
+        session_id = json.loads(await asyncio.wait_for(ws.recv(), 10))["result"]["sessionId"]
+        await ws.send(json.dumps(rpc(2, "_acp-channels/sessions/list")))
+        answer = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert answer["id"] == 2
+        (session,) = [entry for entry in answer["result"]["sessions"] if entry["sessionId"] == session_id]
+        assert session["attachments"] == 1 and session["turnRunning"] is False
+        (connection,) = [entry for entry in answer["result"]["connections"] if session_id in entry["sessions"]]
+        assert connection["transport"] == "websocket"
+    # Closed cleanly, the socket ended its connection: the directory drops it (polled, as another
+    # process's state).
+    async with httpx.AsyncClient(timeout=20.0) as http, asyncio.timeout(10):
+        while True:
+            body = await listed(http, server, tokens.ALICE)
+            if session_id not in {entry["sessionId"] for entry in body["sessions"]}:
+                break
+            await asyncio.sleep(0.05)

@@ -27,6 +27,7 @@ from acp_channels._agents.channel import AgentChannel, AgentClosed
 from acp_channels._conf import acp_settings
 from acp_channels._handoff import LazyEvent
 from acp_channels._host.budget import OutboundBudget, WorkerBudget
+from acp_channels._host.extensions import answered_here
 from acp_channels._host.mailbox import Mailbox, SocketOutbox, StreamLease
 from acp_channels._host.oversize import OversizeRefusals, largest_agent_message
 from acp_channels._host.requests import PendingRequests, too_many_requests_reply
@@ -116,8 +117,7 @@ class ConnectionHost:
         return self._pending.count
 
     @property
-    def session_streams(self) -> int:
-        """Session mailboxes this connection holds now."""
+    def session_streams(self) -> int:  # session mailboxes held now
         return len(self._streams) - (protocol.CONNECTION_STREAM in self._streams)
 
     @property
@@ -136,6 +136,8 @@ class ConnectionHost:
         if self.ended.is_set():
             raise AgentClosed("connection ended")
         self.last_active = asyncio.get_running_loop().time()
+        if answered_here(self, plan.frame):  # ours to answer (docs/shared-sessions.md)
+            return
         if self.transport == "websocket":  # one stream: nothing to route, ids to count
             await self._submit_to_socket_agent(plan.frame)
             return
@@ -215,9 +217,8 @@ class ConnectionHost:
     # -- replies the transport makes itself ---------------------------------------------------
 
     def reply_from_transport(self, text: str) -> None:
-        """Queue a reply the transport made itself (to a refused batch) where the agent's
-        answer to a malformed frame goes: the connection stream, or the socket. The agent
-        never sees the input it answers. Raises AgentClosed once the connection has ended."""
+        """Queue a reply the transport made itself (to a refused batch, an extension method) where
+        the agent's answer to a malformed frame goes: the connection stream, or the socket."""
         if self.ended.is_set():
             raise AgentClosed("connection ended")
         self.last_active = asyncio.get_running_loop().time()
@@ -246,8 +247,7 @@ class ConnectionHost:
         self.last_active = asyncio.get_running_loop().time()
         return self._socket_inbox.received
 
-    def holds_socket(self, holder: object) -> bool:
-        """Whether `holder` is the socket attached to this connection now."""
+    def holds_socket(self, holder: object) -> bool:  # the socket attached now?
         return self.socket_outbox.holder is holder
 
     async def receive_from_socket(self, text: str, holder: object) -> bool:

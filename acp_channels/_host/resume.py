@@ -7,11 +7,13 @@ from typing import Any, Final
 
 from acp_channels import _protocol as protocol
 from acp_channels._conf import acp_settings
+from acp_channels._host.extensions import SESSIONS_LIST
 
 #: The key under the initialize result's `_meta` where the server says how streams resume
 #: (docs/resumable-streams.md).
 RESUME_META_KEY: Final = "acp-channels/resume"
-#: Where it says where the principal's sessions are listed (the directory's path).
+#: Where it says where the principal's sessions are listed: the directory's path, and the
+#: extension method that answers the same on a connection.
 SESSIONS_META_KEY: Final = "acp-channels/sessions"
 
 
@@ -53,4 +55,4 @@ def advertise_server_meta(reply: protocol.Message, connection_id: str | None = N
             # A browser reattaches in the query form, and learns Acp-Received from this message.
             capabilities["receivedNotification"] = protocol.RECEIVED_NOTIFICATION
         meta[RESUME_META_KEY] = capabilities
-        meta[SESSIONS_META_KEY] = {"directory": _directory_path()}
+        meta[SESSIONS_META_KEY] = {"directory": _directory_path(), "listMethod": SESSIONS_LIST}
