@@ -18,6 +18,7 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from acp_channels import _cors as cors
 from acp_channels import _gateway as gateway
 from acp_channels._conf import acp_settings
+from acp_channels._host import extensions
 from acp_channels._identity import Principal
 from acp_channels._inventory import ConnectionInfo
 from acp_channels._views import error_response, text_response
@@ -50,6 +51,9 @@ async def directory(principal: Principal) -> dict[str, Any]:
     everyone = permission is not None and await user_has_permission(principal, permission)
     connections, silent = await gateway.cluster_connections(None if everyone else principal)
     return render(connections, complete=not silent)
+
+
+extensions.register(extensions.SESSIONS_LIST, directory)
 
 
 def _iso(seconds: float) -> str:

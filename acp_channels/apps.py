@@ -11,6 +11,7 @@ class AcpChannelsConfig(AppConfig):
         # registry. daphne's patches are not installed here (every manage.py command runs this):
         # only when daphne serves (acp_channels._patches, "When").
         from acp_channels import _checks as checks  # noqa: F401
+        from acp_channels import _directory  # noqa: F401  (answers _acp-channels/sessions/list)
 
         _skip_database_request_hooks()
         from acp_channels import _logs as logs

@@ -1,9 +1,9 @@
 """Requests a connection's host answers itself instead of its agent: our extension methods
 (names under `_acp-channels/`, provisional: docs/shared-sessions.md).
 
-`_acp-channels/sessions/list` answers what `GET <endpoint>/sessions` answers (the session
-directory of the connection's principal), as the result of a JSON-RPC request sent alone (in a
-batch it reaches the agent, which knows no such method). The answer goes where any reply the
+`_acp-channels/sessions/list` (acp_channels._directory) answers what `GET <endpoint>/sessions`
+answers (the session directory of the connection's principal), as the result of a JSON-RPC
+request sent alone (in a batch it reaches the agent, which knows no such method). The answer goes where any reply the
 transport makes goes: the connection stream, or the socket.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 from acp_channels import _protocol as protocol
@@ -30,34 +31,44 @@ class ConnectionHost(Protocol):
 logger = logging.getLogger("acp_channels.host")
 
 SESSIONS_LIST: Final = "_acp-channels/sessions/list"
-#: JSON-RPC's internal error, for a directory the cluster could not give.
+#: JSON-RPC's internal error, for an answer the server could not give.
 INTERNAL_ERROR: Final = -32603
 
+Handler = Callable[[Principal], Awaitable[Any]]
+#: The methods answered here, each by a module that implements it (registered when the app is
+#: ready: the directory needs the cluster, which needs this package).
+_handlers: dict[str, Handler] = {}
 _tasks: set[asyncio.Task[None]] = set()
+
+
+def register(method: str, handler: Handler) -> None:
+    """Answer `method` here: `handler` takes the connection's principal, returns the result."""
+    _handlers[method] = handler
 
 
 def answered_here(host: ConnectionHost, frame: Frame) -> bool:
     """Whether `frame` is a request the host answers itself (then it does, in a task)."""
-    if not isinstance(frame, Single) or frame.message.get("method") != SESSIONS_LIST:
+    if not isinstance(frame, Single):
+        return False
+    handler = _handlers.get(frame.message.get("method"))  # type: ignore[arg-type]
+    if handler is None:
         return False
     request_id = frame.message.get("id")
     if request_id is None:
         return True  # a notification of it asks nothing
-    task = asyncio.get_running_loop().create_task(_answer_sessions_list(host, request_id))
+    task = asyncio.get_running_loop().create_task(_answer(host, handler, request_id))
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
     return True
 
 
-async def _answer_sessions_list(host: ConnectionHost, request_id: Any) -> None:
-    from acp_channels._directory import directory
-
+async def _answer(host: ConnectionHost, handler: Handler, request_id: Any) -> None:
     reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
     try:
-        reply["result"] = await directory(host.principal)
+        reply["result"] = await handler(host.principal)
     except Exception as error:
-        logger.warning("connection %s: the session directory failed: %s", host.connection_id, error)
-        reply["error"] = {"code": INTERNAL_ERROR, "message": "the session directory is unavailable"}
+        logger.warning("connection %s: an extension method failed: %s", host.connection_id, error)
+        reply["error"] = {"code": INTERNAL_ERROR, "message": "the server could not answer"}
     try:
         host.reply_from_transport(protocol.dumps(reply))
     except Exception:  # the connection ended meanwhile: nobody to answer

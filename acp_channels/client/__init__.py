@@ -12,6 +12,7 @@ prompt_toolkit and rich.
 from __future__ import annotations
 
 from ._base import FrameValue, RawFrame
+from ._directory import ConnectionEntry, SessionDirectory, SessionEntry
 from ._errors import (
     AcpClientError,
     AuthenticationError,
@@ -40,6 +41,7 @@ __all__ = [
     "AuthenticationError",
     "Backoff",
     "ClientUsageError",
+    "ConnectionEntry",
     "FrameValue",
     "HttpClient",
     "HttpStatusError",
@@ -53,6 +55,8 @@ __all__ = [
     "ResumeRefusedError",
     "RetryAfter",
     "RetryEvent",
+    "SessionDirectory",
+    "SessionEntry",
     "StreamDrop",
     "StreamEndedError",
     "TransportClosedError",

@@ -1,4 +1,5 @@
 """`python -m acp_channels.client URL` / `acp-client URL`: the terminal ACP client.
+`acp-client URL --list [--json]`: the principal's live sessions (the session directory).
 
 Exit status: 0 after /quit or Ctrl-D, 1 when the connection failed or was lost, 2 for a usage
 error (bad arguments, URL or credentials: nothing was sent), 130 when interrupted while connecting.
@@ -9,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
-from ._cli import TOKEN_ENVIRONMENT_VARIABLE, add_connection_arguments, connection_options
-from ._errors import ClientUsageError
+from ._cli import TOKEN_ENVIRONMENT_VARIABLE, ConnectionOptions, add_connection_arguments, connection_options
+from ._directory import sessions_table
+from ._errors import AcpClientError, ClientUsageError
 
 __all__ = ["EXIT_USAGE", "TOKEN_ENVIRONMENT_VARIABLE", "main"]
 
@@ -48,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
         "'Authorization: Bearer <token>'. "
         "In the session: type a prompt and press Enter; Ctrl-C cancels the running turn "
         "(at the prompt, twice quits); /quit or Ctrl-D exits and closes the connection; /help lists the "
-        "commands. Exit status: 0 done, 1 the connection failed or was lost, 2 usage error. "
+        "commands. --list prints the live sessions instead (the server's session directory) and exits. "
+        "Exit status: 0 done, 1 the connection failed or was lost, 2 usage error. "
         "NO_COLOR=1 turns colour off.",
     )
     add_connection_arguments(p)
@@ -66,18 +70,48 @@ def parser() -> argparse.ArgumentParser:
         help=f"keep the prompts' history in memory only (default: saved in {default_history_path()})",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log every request of the transport on stderr")
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="print the sessions this token may see (session, connection, agent, turn running or idle, "
+        "pending permission requests, readers attached, last activity) and exit; opens no session",
+    )
+    p.add_argument("--json", action="store_true", help="with --list: print the server's directory as JSON")
     return p
+
+
+async def list_sessions(options: ConnectionOptions, *, as_json: bool) -> int:
+    """`--list`: print the session directory (a table, or the server's JSON); 1 when it failed."""
+    client = options.client()
+    try:
+        directory = await client.list_sessions()
+    except AcpClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await client.close()
+    print(json.dumps(directory.document, indent=2) if as_json else sessions_table(directory))
+    if not directory.complete:
+        print("warning: some workers did not answer in time: the list may be incomplete", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if args.json and not args.list:
+            raise ClientUsageError("--json goes with --list")
         options = connection_options(args)
     except ClientUsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     for warning in options.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if args.list:
+        try:
+            return asyncio.run(list_sessions(options, as_json=args.json))
+        except KeyboardInterrupt:
+            return 130
     # The acp SDK logs a traceback when its transport fails; we report the error ourselves.
     logging.basicConfig(
         level=logging.WARNING if args.verbose else logging.CRITICAL,

@@ -19,11 +19,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from ._base import FrameValue, RawFrame
+from ._base import FrameValue, RawFrame, credential_secrets
+from ._directory import SessionDirectory, directory_url, fetch_directory
 from ._errors import ClientUsageError, TransportError
 from ._reconnect import DEFAULT_BACKOFF, ReconnectCallback, ReconnectPolicy
 from ._retry import DEFAULT_RETRY_AFTER, RetryAfter, RetryCallback
-from ._transport_http import HttpTransport
+from ._transport_http import HttpTransport, _new_http_client
 from ._transport_ws import WebSocketTransport
 
 __all__ = [
@@ -175,6 +176,14 @@ class HttpClient:
             else:
                 headers["Authorization"] = f"Bearer {token}"
         secrets = (token,) if token is not None else ()
+        # The directory is a plain GET: the token always goes in Authorization there.
+        self._directory_headers = dict(headers)
+        if token is not None and websocket_token == "subprotocol":
+            self._directory_headers["Authorization"] = f"Bearer {token}"
+        self._directory_secrets = credential_secrets(self._directory_headers, secrets)
+        self._timeout = timeout
+        self._verify = verify
+        self._http2 = http2
         self._transport: HttpTransport | WebSocketTransport
         if self.kind == "http":
             self._transport = HttpTransport(
@@ -253,6 +262,38 @@ class HttpClient:
     async def wait_failed(self) -> TransportError:
         """Wait until the transport fails (never returns after a clean close); returns the error."""
         return await self._transport.wait_failed()
+
+    async def list_sessions(self) -> SessionDirectory:
+        """The session directory (`GET <endpoint>/sessions`, over http(s) for a ws(s) URL too):
+        the live sessions and connections this client's principal may see, sessions the most
+        recently active first. Needs no open ACP connection (before, during or after one) and
+        sends the client's credentials, cookies and TLS settings, within its `timeout`.
+
+        Raises `AuthenticationError` (401, 403), `HttpStatusError` (any other status but 200:
+        404 from a server without a directory), `TransportTimeoutError`, `NetworkError`, and
+        `ProtocolViolationError` when the answer is not a directory. These do not end the
+        transport."""
+        transport = self._transport
+        if isinstance(transport, HttpTransport) and not transport.http.is_closed:
+            return await self._fetch_directory(transport.http)
+        # A WebSocket client, or one already closed: a client of its own, with the same cookies.
+        async with _new_http_client(self.cookies, self._timeout, self._http2, self._verify) as http:
+            return await self._fetch_directory(http)
+
+    async def _fetch_directory(self, http: httpx.AsyncClient) -> SessionDirectory:
+        return await fetch_directory(
+            http,
+            directory_url(self.url),
+            headers=self._directory_headers,
+            timeout=self._timeout,
+            redact=self._redact,
+            credentials_sent=any(name.lower() == "authorization" for name in self._directory_headers),
+        )
+
+    def _redact(self, text: str) -> str:
+        for secret in self._directory_secrets:
+            text = text.replace(secret, "***")
+        return text
 
     async def connect(self) -> None:
         """Open the WebSocket now (HTTP: nothing to do). The first send does it otherwise."""
