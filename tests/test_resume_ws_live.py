@@ -312,7 +312,8 @@ async def test_initialize_over_websocket_advertises_resumption(wire_server: Daph
                 **RESUME_META,
                 "connectionId": connection_of(ws),
                 "receivedNotification": RECEIVED_METHOD,
-            }
+            },
+            "acp-channels/sessions": {"directory": "/acp/sessions", "listMethod": "_acp-channels/sessions/list"},
         }
         await send(ws, rpc(1, "not/initialize"))
         assert "_meta" not in json.dumps(await receive(ws))

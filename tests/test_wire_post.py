@@ -43,8 +43,13 @@ SESSION_SCOPED = [
     "session/set_model",
 ]
 INIT = rpc(0, "initialize", {"protocolVersion": 1})
-#: The wire agent's initialize result, with what the server adds: how streams resume.
-INIT_RESULT = {"protocolVersion": 1, "agentCapabilities": {}, "_meta": {RESUME_META_KEY: resume_capabilities()}}
+#: What the server adds to an initialize result: how streams resume, where the directory is.
+SERVER_META = {
+    RESUME_META_KEY: resume_capabilities(),
+    "acp-channels/sessions": {"directory": "/acp/sessions", "listMethod": "_acp-channels/sessions/list"},
+}
+#: The wire agent's initialize result, with what the server adds.
+INIT_RESULT = {"protocolVersion": 1, "agentCapabilities": {}, "_meta": SERVER_META}
 _ids = itertools.count()
 
 
@@ -57,8 +62,8 @@ def echo(request_id: Any, method: str, params: Any = None) -> dict[str, Any]:
 
 
 def advertised(reply: dict[str, Any]) -> dict[str, Any]:
-    """`reply` to the initialize that opened a connection: the server adds how streams resume."""
-    return {**reply, "result": {**reply["result"], "_meta": {RESUME_META_KEY: resume_capabilities()}}}
+    """`reply` to the initialize that opened a connection, with what the server adds."""
+    return {**reply, "result": {**reply["result"], "_meta": SERVER_META}}
 
 
 def assert_text(response: httpx.Response, status: int, text: str) -> None:
