@@ -159,3 +159,45 @@ async def test_a_socket_asks_for_the_directory_on_its_connection(server: DaphneS
             if session_id not in {entry["sessionId"] for entry in body["sessions"]}:
                 break
             await asyncio.sleep(0.05)
+
+
+async def test_a_prompt_resent_with_its_operation_id_runs_once(
+    server: DaphneServer | Cluster, http: httpx.AsyncClient
+) -> None:
+    """The answer to a POST was lost: the client sends it again with the same operation id, and
+    the turn runs once; under another JSON-RPC id the resend is told which request carries it."""
+    alice = bearer(tokens.ALICE)
+    response = await http.post(server.url, headers={**JSON, **alice}, json=rpc(0, "initialize", {"protocolVersion": 1}))
+    connection_id = response.headers["acp-connection-id"]
+    async with open_sse(http, server.url, connection_id, **alice) as connection_stream:
+        new = rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})
+        assert (await post(http, server.url, new, connection_id, **alice)).status_code == 202
+        session_id = (await connection_stream.next())["result"]["sessionId"]
+        async with open_sse(http, server.url, connection_id, session_id, **alice) as session_stream:
+            params = {
+                "sessionId": session_id,
+                "prompt": [{"type": "text", "text": "tick 2 50"}],
+                "_meta": {"acp-channels/operationId": "op-7f3a"},
+            }
+            for request_id in (2, 2, 3):  # sent, resent as is, resent under another id
+                response = await post(
+                    http, server.url, rpc(request_id, "session/prompt", params), connection_id, session_id, **alice
+                )
+                assert response.status_code == 202
+            refused = await connection_stream.next()
+            assert refused["id"] == 3 and refused["error"]["code"] == -32010
+            assert refused["error"]["data"] == {"operationId": "op-7f3a", "firstRequestId": 2}
+            ticks = []
+            while "result" not in (message := await session_stream.next()):
+                ticks.append(message["params"]["update"]["content"]["text"])
+            assert message["id"] == 2
+            assert ticks == ["tick 1\n", "tick 2\n"]  # one turn
+            # Nothing else comes: a second turn would have sent its ticks by now.
+            one_more = rpc(
+                4, "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "echo done"}]}
+            )
+            assert (await post(http, server.url, one_more, connection_id, session_id, **alice)).status_code == 202
+            following = [await session_stream.next() for _ in range(2)]
+            assert [item.get("id") for item in following] == [None, 4]
+            assert "done" in json.dumps(following[0])
+    assert (await http.delete(server.url, headers={"Acp-Connection-Id": connection_id, **alice})).status_code == 202

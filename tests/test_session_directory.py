@@ -73,3 +73,34 @@ def test_the_least_recently_active_sessions_go_first(monkeypatch: Any) -> None:
     assert [session.session_id for session in directory] == ["s3", "s1", "s4"]
     directory.outbound(single(answer("s2")))  # s2's prompt was forgotten with it: nothing comes back
     assert "s2" not in by_id(directory)
+
+
+def prompt_with_operation(request_id: Any, session_id: str, operation: str) -> dict[str, Any]:
+    message = request(request_id, "session/prompt", session_id)
+    message["params"]["_meta"] = {"acp-channels/operationId": operation}
+    return message
+
+
+def test_an_operation_forwarded_is_known_by_its_session_with_the_id_that_carried_it() -> None:
+    directory = SessionDirectory()
+    first = prompt_with_operation(1, "s1", "op-1")
+    assert directory.carried_before(first) == (False, None)
+    directory.inbound(single(first))
+    assert directory.carried_before(prompt_with_operation(1, "s1", "op-1")) == (True, 1)
+    assert directory.carried_before(prompt_with_operation(9, "s1", "op-1")) == (True, 1)
+    assert directory.carried_before(prompt_with_operation(2, "s1", "op-2")) == (False, None)
+    assert directory.carried_before(prompt_with_operation(3, "s2", "op-1")) == (False, None)  # per session
+    directory.outbound(single(answer(1, {"stopReason": "end_turn"})))
+    assert directory.carried_before(prompt_with_operation(1, "s1", "op-1")) == (True, 1)  # after its turn too
+
+
+def test_a_session_remembers_its_latest_operations(monkeypatch: Any) -> None:
+    monkeypatch.setattr(tracker, "OPERATIONS_REMEMBERED", 2)
+    directory = SessionDirectory()
+    for number in range(3):
+        directory.inbound(single(prompt_with_operation(number, "s1", f"op-{number}")))
+    assert [directory.carried_before(prompt_with_operation(9, "s1", f"op-{n}"))[0] for n in range(3)] == [
+        False,
+        True,
+        True,
+    ]

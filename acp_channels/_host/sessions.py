@@ -8,6 +8,7 @@ inferred from anything but the wire.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -15,6 +16,11 @@ from typing import Any, Final
 from acp_channels import _protocol as protocol
 from acp_channels._protocol import Frame
 
+#: Where a client names a request's operation (`params._meta`), so that a resend of it (the
+#: answer to its POST was lost) is not run twice (docs/shared-sessions.md; provisional).
+OPERATION_ID_KEY: Final = "acp-channels/operationId"
+#: Operations each session remembers (the most recent).
+OPERATIONS_REMEMBERED: Final = 64
 PROMPT: Final = "session/prompt"
 PERMISSION: Final = "session/request_permission"
 #: Sessions one connection keeps in its directory (the least recently active go first).
@@ -31,6 +37,8 @@ class SessionActivity:
     prompts: set[str] = field(default_factory=set)
     #: Permission requests (by id key) the client has not answered.
     permissions: set[str] = field(default_factory=set)
+    #: Operations forwarded lately: operation id -> the JSON-RPC id of the request that carried it.
+    operations: OrderedDict[str, Any] = field(default_factory=OrderedDict)
 
     @property
     def turn_running(self) -> bool:
@@ -84,10 +92,25 @@ class SessionDirectory:
         if session_id is None:
             return
         activity = self._touch(session_id)
+        operation = operation_id(message) if request_id is not None else None
+        if operation is not None:
+            activity.operations[operation] = request_id
+            if len(activity.operations) > OPERATIONS_REMEMBERED:
+                activity.operations.popitem(last=False)
         if message["method"] == tracked and request_id is not None:
             key = protocol.id_key(request_id)
             requests[key] = session_id
             (activity.prompts if tracked == PROMPT else activity.permissions).add(key)
+
+    def carried_before(self, message: dict[str, Any]) -> tuple[bool, Any]:
+        """Whether a client request names an operation already forwarded on its session, and the
+        JSON-RPC id of the request that carried it then."""
+        operation = operation_id(message) if "method" in message and message.get("id") is not None else None
+        session_id = protocol.message_session_id(message) if operation is not None else None
+        activity = self._sessions.get(session_id) if session_id is not None else None
+        if activity is None or operation is None or operation not in activity.operations:
+            return False, None
+        return True, activity.operations[operation]
 
     def _answered(self, waiting: dict[str, str], key: str, kind: str) -> None:
         session_id = waiting.pop(key, None)
@@ -113,3 +136,11 @@ class SessionDirectory:
             self._waiting_client.pop(key, None)
         for key in activity.permissions:
             self._waiting_agent.pop(key, None)
+
+
+def operation_id(message: dict[str, Any]) -> str | None:
+    """The operation a request names (`params._meta["acp-channels/operationId"]`), if any."""
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    operation = meta.get(OPERATION_ID_KEY) if isinstance(meta, dict) else None
+    return operation if isinstance(operation, str) and operation else None
