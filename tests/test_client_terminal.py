@@ -443,6 +443,13 @@ def test_usage_errors_exit_2(args: list[str], message: str) -> None:
     assert "acp-client: error" not in result.stderr  # one prefix
 
 
+def test_version_is_printed_without_a_url() -> None:
+    from acp_channels import __version__
+
+    result = run_piped("--version", stdin="")
+    assert (result.returncode, result.stdout.strip()) == (0, f"acp-client {__version__}")
+
+
 def spawn_with_environment(env: dict[str, str], *args: str) -> pexpect.spawn:
     return spawn(*args, env=env)
 

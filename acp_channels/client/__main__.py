@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from acp_channels import __version__
+
 from ._cli import TOKEN_ENVIRONMENT_VARIABLE, ConnectionOptions, add_connection_arguments, connection_options
 from ._directory import sessions_table
 from ._errors import AcpClientError, ClientUsageError
@@ -55,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
         "Exit status: 0 done, 1 the connection failed or was lost, 2 usage error. "
         "NO_COLOR=1 turns colour off.",
     )
+    # Before the URL is required: `acp-client --version` alone prints it and exits 0.
+    p.add_argument("--version", action="version", version=f"acp-client {__version__}")
     add_connection_arguments(p)
     p.add_argument("--cwd", help="working directory for the session (default: the current one)")
     p.add_argument(
