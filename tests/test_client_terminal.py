@@ -561,3 +561,21 @@ def test_errors_are_one_line() -> None:
         "409 Conflict from http://h/acp: events lost"  # the first line; never the URL's password
     )
     assert describe_error(HttpStatusError("POST", 599, "x" * 500)).endswith("…")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "status", "shown"),
+    [("tick 3 10", 0, ["> tick 3 10", "tick 1", "tick 2", "tick 3"]), ("fail", 1, ["> fail"])],
+)
+def test_one_prompt_runs_one_turn_and_exits_with_how_it_ended(
+    demo: DaphneServer, prompt: str, status: int, shown: list[str]
+) -> None:
+    """`-p`: a new session, one turn, its transcript, then the exit status (0 end_turn, 1 an
+    error); stdin is not read."""
+    result = run_piped(f"http://127.0.0.1:{demo.port}", "-p", prompt, stdin="echo never\n")
+    assert result.returncode == status, result.stderr
+    lines = lines_of(result.stdout)
+    for line in [*shown, "Disconnected."]:
+        assert line in lines, result.stdout
+    assert "never" not in result.stdout
+    assert result.stderr == ("" if status == 0 else "error: demo failure (-32603)\n")

@@ -75,6 +75,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log every request of the transport on stderr")
     p.add_argument(
+        "-p",
+        "--prompt",
+        help="one turn: open a session, send PROMPT, print the turn and exit (0 when it ends with "
+        "end_turn, 3 for another stop reason, 1 for an error)",
+    )
+    p.add_argument(
         "--list",
         action="store_true",
         help="print the sessions this token may see (session, connection, agent, turn running or idle, "
@@ -141,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 reconnect=options.reconnect,
                 restart=options.restart,
                 history=None if args.no_history else default_history_path(),
+                prompt=args.prompt,
             )
         )
     except KeyboardInterrupt:

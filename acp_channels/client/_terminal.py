@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import signal
 import sys
@@ -52,10 +53,12 @@ from ._terminal_input import (
 )
 from ._terminal_output import ReconnectNotices, Screen, describe_error, describe_request_error, elapsed, refusal_hint
 
-__all__ = ["COMMANDS", "EXIT_CONNECTION_FAILED", "EXIT_INTERRUPTED", "run"]
+__all__ = ["COMMANDS", "EXIT_CONNECTION_FAILED", "EXIT_INTERRUPTED", "EXIT_TURN_NOT_DONE", "run"]
 
 #: Exit statuses (2, a usage error, is the command line's: see __main__).
 EXIT_CONNECTION_FAILED = 1
+#: `-p`: the turn ended for another reason than `end_turn` (cancelled, refusal, max_tokens...).
+EXIT_TURN_NOT_DONE = 3
 EXIT_INTERRUPTED = 130
 
 #: The client's own commands, for /help: (names, what it does).
@@ -114,11 +117,14 @@ async def run(
     reconnect: ReconnectPolicy | None = DEFAULT_BACKOFF,
     restart: bool = False,
     history: Path | None = None,
+    prompt: str | None = None,
 ) -> int:
     """Run the terminal client until /quit, EOF or a second Ctrl-C; returns the exit status.
-    `history`: the file keeping the prompts (None: in memory only); used on a terminal only."""
+    `history`: the file keeping the prompts (None: in memory only); used on a terminal only.
+    `prompt`: one turn with it, then exit: 0 when it ends with `end_turn`, EXIT_TURN_NOT_DONE for
+    another stop reason, 1 for an error."""
     screen = Screen(stdout, stderr)
-    input_stream = stdin or sys.stdin
+    input_stream = io.StringIO(prompt + "\n") if prompt is not None else stdin or sys.stdin
     reader: LineReader | None = None
     lines: Input
     if _is_terminal(input_stream) and _is_terminal(stdout or sys.stdout):
@@ -175,6 +181,8 @@ async def run(
     if reader is not None:
         reader.start()
     status = 0
+    #: How the last turn ended: its stop reason, or "error".
+    last_turn: str | None = None
     try:
         init = await conn.initialize(
             protocol_version=acp.PROTOCOL_VERSION,
@@ -237,8 +245,9 @@ async def run(
                 break
             if isinstance(outcome, acp.RequestError):
                 screen.error(describe_request_error(outcome))
+                last_turn = "error"
                 continue
-            reason = str(outcome.stop_reason)
+            reason = last_turn = str(outcome.stop_reason)
             style = "dim" if reason == "end_turn" else "yellow"
             screen.line(Text.assemble((f"[{reason}]", style), (f" {elapsed(took)}", "dim")))
     except asyncio.CancelledError:
@@ -267,4 +276,6 @@ async def run(
             await asyncio.wait_for(conn.close(), (timeout or 30.0) + 5)
         if session_id is not None:
             screen.line("Disconnected.", style="dim")
+    if prompt is not None and status == 0:
+        status = {"end_turn": 0, "error": EXIT_CONNECTION_FAILED}.get(last_turn or "error", EXIT_TURN_NOT_DONE)
     return status
