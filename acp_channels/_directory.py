@@ -4,7 +4,8 @@ sessions across every worker and runner, as `GET <endpoint>/sessions` answers it
 Each host reports what it saw on the wire (acp_channels._host.sessions); the web worker that
 serves the request asks every live worker for its principal's connections only
 (gateway.cluster_connections). A user with ACP_CHANNELS["SESSIONS_VIEW_ALL_PERMISSION"] sees
-everyone's. A worker that does not answer in time leaves `complete` false.
+everyone's; an anonymous caller, nothing. A worker that does not answer in time leaves
+`complete` false.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from acp_channels import _cors as cors
 from acp_channels import _gateway as gateway
 from acp_channels._conf import acp_settings
 from acp_channels._host import extensions
-from acp_channels._identity import Principal
+from acp_channels._identity import ANONYMOUS, Principal
 from acp_channels._inventory import ConnectionInfo
 from acp_channels._views import error_response, text_response
 from acp_channels.auth import RequestContext, authenticate, user_has_permission
@@ -46,7 +47,11 @@ async def sessions_endpoint(request: HttpRequest) -> HttpResponseBase:
 
 
 async def directory(principal: Principal) -> dict[str, Any]:
-    """What `principal` may see: its own connections, or everyone's with the permission."""
+    """What `principal` may see: its own connections, or everyone's with the permission. An
+    anonymous caller sees none: anonymous clients are not one party, and a connection id is all
+    that keeps one's connection from another's."""
+    if principal == ANONYMOUS:
+        return render([], complete=True)
     permission: str | None = acp_settings.SESSIONS_VIEW_ALL_PERMISSION
     everyone = permission is not None and await user_has_permission(principal, permission)
     connections, silent = await gateway.cluster_connections(None if everyone else principal)

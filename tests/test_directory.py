@@ -11,7 +11,7 @@ import pytest
 
 from acp_channels import _directory as directory_module
 from acp_channels import auth
-from acp_channels._identity import Principal
+from acp_channels._identity import ANONYMOUS, Principal
 from acp_channels._inventory import ConnectionInfo, SessionInfo
 from tests.auth_fixtures import FakeUser
 
@@ -75,3 +75,18 @@ def test_the_most_recently_active_session_comes_first() -> None:
     assert body["sessions"][0]["turnRunning"] is True and body["sessions"][0]["pendingPermissions"] == 1
     assert body["sessions"][0]["lastActivity"] == "1970-01-01T00:16:42.000Z"
     assert [entry["connectionId"] for entry in body["connections"]] == ["c1", "c2"]
+
+
+async def test_an_anonymous_caller_sees_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anonymous clients share one principal: listing its connections would hand every
+    anonymous client the ids (all that guards them) of every other's."""
+    asked: list[Principal | None] = []
+
+    async def cluster_connections(wanted: Principal | None = None) -> tuple[list[ConnectionInfo], list[str]]:
+        asked.append(wanted)
+        info = ConnectionInfo("c1", "w", "anonymous", "http", 0, 5.0, 1.0, 0, None)
+        return [info], []
+
+    monkeypatch.setattr(directory_module.gateway, "cluster_connections", cluster_connections)
+    assert await directory_module.directory(ANONYMOUS) == {"sessions": [], "connections": [], "complete": True}
+    assert asked == []
