@@ -23,7 +23,7 @@ GATHER_STEPS: Final = 12
 #: joins its answer one step after it, whole).
 QUIET_STEPS: Final = 2
 #: Never longer than this (a busy loop's steps are long: its batches fill anyway).
-GATHER_SECONDS: Final = 0.0005
+GATHER_SECONDS: Final = 0.001
 #: A batch closes at this many bytes of output: past it, company saves little, and a stream's
 #: pushes (each waiting for its acknowledgement credit) must not wait for any.
 GATHER_BYTES: Final = 16 * 1024
