@@ -11,6 +11,8 @@ import asyncio
 import datetime
 import json
 import os
+import re
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -305,3 +307,23 @@ async def test_a_malformed_directory_is_a_protocol_violation(body: bytes, says: 
         with pytest.raises(ProtocolViolationError) as raised:
             await HttpClient("http://example.test", http_client=http).list_sessions()
     assert says in str(raised.value) and "GET /acp/sessions" in str(raised.value)
+
+
+def test_the_sessions_command_lists_the_clients_own_session(server: DaphneServer) -> None:
+    """`/sessions` inside acp-client prints the directory: the session it opened is in it."""
+    env = {name: value for name, value in os.environ.items() if name != "ACP_TOKEN"}
+    env["ACP_TOKEN"] = tokens.ALICE
+    result = subprocess.run(
+        [sys.executable, "-m", "acp_channels.client", server.url],
+        cwd=ROOT,
+        env=env,
+        input="/info\n/sessions\n",
+        capture_output=True,
+        text=True,
+        timeout=STEP * 2,
+    )
+    assert result.returncode == 0, result.stderr
+    session_id = re.search(r"session (\S+)", result.stdout.split("connection ", 1)[1])
+    assert session_id is not None, result.stdout
+    table = result.stdout.split("> /sessions", 1)[1]
+    assert "SESSION" in table and session_id.group(1) in table, result.stdout

@@ -37,7 +37,8 @@ from rich.text import Text
 
 from acp_channels import __version__
 
-from ._errors import AuthenticationError, TransportError
+from ._directory import sessions_table
+from ._errors import AcpClientError, AuthenticationError, TransportError
 from ._http_client import HttpClient
 from ._reconnect import DEFAULT_BACKOFF, ReconnectPolicy
 from ._terminal_client import PermissionMode, TerminalClient, Turn
@@ -65,6 +66,7 @@ EXIT_INTERRUPTED = 130
 COMMANDS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("/help",), "this list"),
     (("/info",), "the agent, the URL, the connection and the session"),
+    (("/sessions",), "your live sessions on the server (its session directory)"),
     (("/quit", "/exit", "/q"), "close the connection and exit (Ctrl-D too)"),
 )
 KEYS: tuple[tuple[str, str], ...] = (
@@ -73,7 +75,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("Ctrl-C", "cancel the running turn; at the prompt, twice to exit"),
     ("Ctrl-D", "exit"),
 )
-QUIT_COMMANDS = frozenset(COMMANDS[2][0])
+QUIT_COMMANDS = frozenset(next(names for names, _ in COMMANDS if "/quit" in names))
 GREETING = "Type a prompt and press Enter, or /help. Ctrl-C cancels a running turn; /quit or Ctrl-D exits."
 
 
@@ -220,6 +222,12 @@ async def run(
                 break
             if text == "/help":
                 show_help(screen, client.agent_commands)
+                continue
+            if text == "/sessions":
+                try:
+                    screen.line(sessions_table(await transport.list_sessions()))
+                except AcpClientError as exc:
+                    screen.error(str(exc))
                 continue
             if text == "/info":
                 screen.line(f"{name} over {shape} at {transport.url}")
