@@ -579,3 +579,12 @@ def test_one_prompt_runs_one_turn_and_exits_with_how_it_ended(
         assert line in lines, result.stdout
     assert "never" not in result.stdout
     assert result.stderr == ("" if status == 0 else "error: demo failure (-32603)\n")
+
+
+def test_new_opens_another_session_and_prompts_go_to_it(demo: DaphneServer) -> None:
+    result = run_piped(f"http://127.0.0.1:{demo.port}", stdin="/info\n/new\n/info\necho after\n")
+    assert result.returncode == 0, result.stderr
+    sessions = re.findall(r"session (sess-\S+)", result.stdout)
+    # The greeting's, /info's, /new's, /info's again: two sessions, the second from /new on.
+    assert len(sessions) == 4 and sessions[0] == sessions[1] != sessions[2] == sessions[3], result.stdout
+    assert "after" in lines_of(result.stdout)

@@ -67,6 +67,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("/help",), "this list"),
     (("/info",), "the agent, the URL, the connection and the session"),
     (("/sessions",), "your live sessions on the server (its session directory)"),
+    (("/new",), "a new session on this connection (the one before goes on on the server)"),
     (("/quit", "/exit", "/q"), "close the connection and exit (Ctrl-D too)"),
 )
 KEYS: tuple[tuple[str, str], ...] = (
@@ -222,6 +223,15 @@ async def run(
                 break
             if text == "/help":
                 show_help(screen, client.agent_commands)
+                continue
+            if text == "/new":
+                try:
+                    session_id = (await conn.new_session(cwd=cwd or os.getcwd(), mcp_servers=[])).session_id
+                except acp.RequestError as exc:
+                    screen.error(describe_request_error(exc))
+                    continue
+                info = f"connection {transport.connection_id or '-'}  session {session_id}"
+                screen.line(info, style="dim")
                 continue
             if text == "/sessions":
                 try:
