@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from acp_channels import _protocol as protocol
-from acp_channels._protocol import Frame
+from acp_channels._protocol import Frame, Single
 
 #: Where a client names a request's operation (`params._meta`), so that a resend of it (the
 #: answer to its POST was lost) is not run twice (docs/shared-sessions.md; provisional).
@@ -33,16 +33,23 @@ class SessionActivity:
     #: Wall-clock seconds (time.time()) of the first and the last message naming the session.
     created: float
     last_activity: float
-    #: Prompt requests (by id key) the agent has not answered.
-    prompts: set[str] = field(default_factory=set)
-    #: Permission requests (by id key) the client has not answered.
-    permissions: set[str] = field(default_factory=set)
+    #: Requests (by id key) waiting for the other side's answer, by method: PROMPT (the agent
+    #: answers) and PERMISSION (the client answers).
+    waiting: dict[str, set[str]] = field(default_factory=lambda: {PROMPT: set(), PERMISSION: set()})
     #: Operations forwarded lately: operation id -> the JSON-RPC id of the request that carried it.
     operations: OrderedDict[str, Any] = field(default_factory=OrderedDict)
 
     @property
+    def prompts(self) -> set[str]:
+        return self.waiting[PROMPT]
+
+    @property
+    def permissions(self) -> set[str]:
+        return self.waiting[PERMISSION]
+
+    @property
     def turn_running(self) -> bool:
-        return bool(self.prompts)
+        return bool(self.waiting[PROMPT])
 
 
 class SessionDirectory:
@@ -52,9 +59,11 @@ class SessionDirectory:
         #: The agent's name, from its initialize result (`agentInfo.name`), once seen.
         self.agent: str | None = None
         self._sessions: dict[str, SessionActivity] = {}
-        #: Requests whose answer ends something, id key -> session id (the sides' ids are apart).
-        self._waiting_client: dict[str, str] = {}  # client requests (prompts) the agent answers
-        self._waiting_agent: dict[str, str] = {}  # agent requests (permissions) the client answers
+        #: The most recently active session (the last of `_sessions`): the usual one to touch.
+        self._latest: SessionActivity | None = None
+        #: Requests waiting for the other side's answer, by method: id key -> session id (each
+        #: side's ids apart: the client asks PROMPT, the agent PERMISSION).
+        self._waiting: dict[str, dict[str, str]] = {PROMPT: {}, PERMISSION: {}}
 
     def __iter__(self) -> Iterator[SessionActivity]:
         return iter(self._sessions.values())
@@ -65,12 +74,18 @@ class SessionDirectory:
     def inbound(self, frame: Frame) -> None:
         """A frame from the client to the agent."""
         for message in protocol.frame_messages(frame):
-            self._seen(message, self._waiting_client, self._waiting_agent, PROMPT)
+            self._seen(message, asks=PROMPT, answers=PERMISSION)
 
     def outbound(self, frame: Frame) -> None:
-        """A frame from the agent to the client."""
+        """A frame from the agent to the client (every event passes here)."""
+        latest = self._latest
+        if latest is not None and isinstance(frame, Single) and "id" not in frame.message:
+            params = frame.message.get("params")  # the usual event: the latest session's notification
+            if isinstance(params, dict) and params.get("sessionId") == latest.session_id:
+                latest.last_activity = time.time()
+                return
         for message in protocol.frame_messages(frame):
-            self._seen(message, self._waiting_agent, self._waiting_client, PERMISSION)
+            self._seen(message, asks=PERMISSION, answers=PROMPT)
             result = message.get("result")
             if not isinstance(result, dict):
                 continue
@@ -80,27 +95,29 @@ class SessionDirectory:
             if isinstance(info, dict) and isinstance(info.get("name"), str):
                 self.agent = info["name"]
 
-    def _seen(self, message: dict[str, Any], requests: dict[str, str], answers: dict[str, str], tracked: str) -> None:
-        """A message from one side: a request of `tracked` is remembered until the other side
-        answers it; a response ends what it answers."""
+    def _seen(self, message: dict[str, Any], *, asks: str, answers: str) -> None:
+        """A message from one side: its request of method `asks` waits until the other side
+        answers it; its response ends the other side's request of method `answers`."""
         request_id = message.get("id")
         if "method" not in message:
-            if request_id is not None:  # answers the other side's request of the other kind
-                self._answered(answers, protocol.id_key(request_id), PERMISSION if tracked == PROMPT else PROMPT)
+            if request_id is not None:
+                self._answered(answers, protocol.id_key(request_id))
             return
         session_id = protocol.message_session_id(message)
         if session_id is None:
             return
         activity = self._touch(session_id)
-        operation = operation_id(message) if request_id is not None else None
+        if request_id is None:
+            return
+        operation = operation_id(message)
         if operation is not None:
             activity.operations[operation] = request_id
             if len(activity.operations) > OPERATIONS_REMEMBERED:
                 activity.operations.popitem(last=False)
-        if message["method"] == tracked and request_id is not None:
+        if message["method"] == asks:
             key = protocol.id_key(request_id)
-            requests[key] = session_id
-            (activity.prompts if tracked == PROMPT else activity.permissions).add(key)
+            self._waiting[asks][key] = session_id
+            activity.waiting[asks].add(key)
 
     def carried_before(self, message: dict[str, Any]) -> tuple[bool, Any]:
         """Whether a client request names an operation already forwarded on its session, and the
@@ -112,30 +129,32 @@ class SessionDirectory:
             return False, None
         return True, activity.operations[operation]
 
-    def _answered(self, waiting: dict[str, str], key: str, kind: str) -> None:
-        session_id = waiting.pop(key, None)
+    def _answered(self, method: str, key: str) -> None:
+        session_id = self._waiting[method].pop(key, None)
         activity = self._sessions.get(session_id) if session_id is not None else None
         if activity is not None:
-            (activity.prompts if kind == PROMPT else activity.permissions).discard(key)
+            activity.waiting[method].discard(key)
             self._touch(activity.session_id)
 
     def _touch(self, session_id: str) -> SessionActivity:
         now = time.time()
+        latest = self._latest
+        if latest is not None and latest.session_id == session_id:
+            latest.last_activity = now
+            return latest
         activity = self._sessions.pop(session_id, None)
         if activity is None:
             activity = SessionActivity(session_id, now, now)
             if len(self._sessions) >= MAX_SESSIONS:
-                oldest = next(iter(self._sessions))
-                self._forget(self._sessions.pop(oldest))
+                self._forget(self._sessions.pop(next(iter(self._sessions))))
         activity.last_activity = now
-        self._sessions[session_id] = activity  # last: the most recently active
+        self._sessions[session_id] = self._latest = activity  # last: the most recently active
         return activity
 
     def _forget(self, activity: SessionActivity) -> None:
-        for key in activity.prompts:
-            self._waiting_client.pop(key, None)
-        for key in activity.permissions:
-            self._waiting_agent.pop(key, None)
+        for method, keys in activity.waiting.items():
+            for key in keys:
+                self._waiting[method].pop(key, None)
 
 
 def operation_id(message: dict[str, Any]) -> str | None:
