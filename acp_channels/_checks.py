@@ -203,7 +203,7 @@ AUTH_HINT = (
 
 
 def _check_authentication(agent: Any) -> list[CheckMessage]:
-    """E021-E028, E042, W004: the authentication settings, and serving without authentication."""
+    """E021-E028, E042, E047, E048, W004: the authentication settings, and serving without authentication."""
     errors: list[CheckMessage] = []
     authenticate = acp_settings.AUTHENTICATE
     token_lookup = acp_settings.TOKEN_LOOKUP
@@ -212,6 +212,8 @@ def _check_authentication(agent: Any) -> list[CheckMessage]:
     for name, check_id in (
         ("REQUIRED_PERMISSION", "acp_channels.E023"),
         ("SESSIONS_VIEW_ALL_PERMISSION", "acp_channels.E042"),
+        ("SESSIONS_OBSERVE_PERMISSION", "acp_channels.E047"),
+        ("SESSIONS_CONTROL_PERMISSION", "acp_channels.E048"),
     ):
         permission = getattr(acp_settings, name)
         if permission is not None and not is_permission(permission):

@@ -196,6 +196,23 @@ class AcpSettings:
     # A Django permission ("app_label.codename") whose users see every principal's connections
     # and sessions in the directory (GET /acp/sessions). None: each sees only its own.
     SESSIONS_VIEW_ALL_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E042")
+    # A connection whose clients are all gone (no stream reader, no socket, no POST) keeps its
+    # agent this long (its turn goes on; its streams keep their replay window's worth of
+    # output), for a client to attach again (docs/shared-sessions.md). Replaces
+    # IDLE_TIMEOUT_SECONDS and WEBSOCKET_RESUME_SECONDS where longer; 0: those alone.
+    DETACHED_SECONDS = Number(4 * 3600.0, "acp_channels.E043", zero=True)
+    # Connections with nobody attached one principal may hold on a worker; beyond it initialize
+    # gets 429 (attach to one, or end one). None: no cap but MAX_CONNECTIONS_PER_PRINCIPAL.
+    MAX_DETACHED_PER_PRINCIPAL = OptionalNumber(8, int, "acp_channels.E044")
+    # A permission request the agent sends while nobody is attached waits (the agent with it)
+    # this long for someone to attach and answer; then it is answered as cancelled.
+    PERMISSION_TIMEOUT_SECONDS = Number(3600.0, "acp_channels.E045")
+    # Other clients attached to one session at once (attach gets 429 beyond).
+    MAX_ATTACHMENTS_PER_SESSION = Number(8, "acp_channels.E046")
+    # Django permissions ("app_label.codename") whose users may attach to any principal's
+    # sessions, as observers (watch) or controllers (prompt, answer). None: own sessions only.
+    SESSIONS_OBSERVE_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E047")
+    SESSIONS_CONTROL_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E048")
     # Connections one principal may hold at once on a worker; beyond it initialize gets 429.
     # Anonymous access is bounded by MAX_CONNECTIONS only.
     MAX_CONNECTIONS_PER_PRINCIPAL = OptionalNumber(32, int, "acp_channels.E025")

@@ -24,6 +24,7 @@ from acp_channels import _cors as cors
 from acp_channels import _daphne_compat as daphne_compat
 from acp_channels import _metrics as metrics
 from acp_channels import _protocol as protocol
+from acp_channels._attach import attach_request, open_attachment
 from acp_channels._conf import acp_settings
 from acp_channels._gateway import (
     AgentBusy,
@@ -45,7 +46,7 @@ from acp_channels._gateway import (
 from acp_channels._identity import Principal
 from acp_channels._lifecycle import lifecycle
 from acp_channels.auth import SUBPROTOCOL, Refused, RequestContext, authenticate
-from acp_channels.errors import AcpError
+from acp_channels.errors import AcpError, NoSuchSession, TooManyAttachments
 
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server, or the principal, is at its connection limit
 INTERNAL_ERROR = 1011  # WebSocket close code: the agent could not be started, or sending failed
@@ -118,6 +119,14 @@ def received_message(received: int) -> str:
     return protocol.dumps({**notification, "params": {"received": received}})
 
 
+def attach_names(context: RequestContext) -> tuple[str | None, str | None]:
+    """The session and role an upgrade attaches to: headers, or (browsers) the query."""
+    query = parse_qs(bytes(context.scope.get("query_string", b"")).decode("latin-1"))
+    session_id = context.header(protocol.ATTACH_SESSION_HEADER) or _first(query, protocol.ATTACH_SESSION_QUERY)
+    role = context.header(protocol.ATTACH_ROLE_HEADER) or _first(query, protocol.ATTACH_ROLE_QUERY)
+    return session_id, role
+
+
 def _first(query: dict[str, list[str]], name: str) -> str | None:
     values = query.get(name)
     return values[0].strip() if values else None
@@ -167,7 +176,18 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.reattach(reattach, principal, subprotocol)
             return
         try:
-            connection = await open_connection("websocket", principal, context.remote_address)
+            attach = attach_request(*attach_names(context))
+        except ValueError as error:
+            await self.refuse(400, str(error), subprotocol)
+            return
+        try:
+            if attach is None:
+                connection = await open_connection("websocket", principal, context.remote_address)
+            else:  # another client of a live session (docs/shared-sessions.md)
+                connection = await open_attachment("websocket", principal, context.remote_address, attach)
+        except (NoSuchSession, TooManyAttachments) as refused:
+            await self.refuse_with(refused, subprotocol)
+            return
         except ShuttingDown as refused:
             logger.info("refused a WebSocket from %s: %s", context.remote_address or "-", refused)
             await self.close()  # before accept: 403

@@ -43,6 +43,8 @@ ACP_ALLOW_HEADERS: Final[tuple[str, ...]] = (
     "acp-connection-id",
     "acp-session-id",
     "last-event-id",
+    "acp-attach-session",
+    "acp-attach-role",
 )
 #: Methods a cross-origin page uses on the endpoint (HEAD is safelisted): a site whose only CORS
 #: user is /acp sets `CORS_ALLOW_METHODS` to this, advertising nothing it does not serve.

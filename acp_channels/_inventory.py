@@ -69,6 +69,8 @@ class ConnectionInfo:
     attachments: int = 0
     #: Its sessions, the most recently active last.
     activity: tuple[SessionInfo, ...] = ()
+    #: An attachment (another client of a session): the connection whose session it carries.
+    attached_to: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         wire = asdict(self)
@@ -92,6 +94,7 @@ class ConnectionInfo:
             agent=None if value.get("agent") is None else str(value["agent"]),
             attachments=int(value.get("attachments", 0)),
             activity=tuple(SessionInfo.from_wire(session) for session in value.get("activity", ())),
+            attached_to=None if value.get("attached_to") is None else str(value["attached_to"]),
         )
 
 
@@ -126,6 +129,7 @@ def local_connections(owner: Principal | None = None) -> list[ConnectionInfo]:
                 )
                 for session in host.sessions
             ),
+            attached_to=host.attached_to,
         )
         for host in registry
         if owner is None or host.principal == owner

@@ -3,7 +3,7 @@ docs/runners.md).
 
 With AGENT_HOSTS = "runners" the web workers host no connection: each `initialize` (or
 WebSocket upgrade) is placed on a live runner with room (`_gateway.placement`), which creates
-the connection here (`serve_open`) under the same caps as a worker (MAX_CONNECTIONS,
+the connection here (`_gateway.opening`) under the same caps as a worker (MAX_CONNECTIONS,
 MAX_STDIO_AGENTS, the output budget, the principal's quota). Every later request reaches it
 through the channel layer like a connection hosted by another worker (`_gateway.serve`).
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -25,22 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 from acp_channels import _journal
-from acp_channels import _protocol as protocol
 from acp_channels._conf import acp_settings
-from acp_channels._gateway import (
-    AgentClosed,
-    AgentEnded,
-    AgentNotStarted,
-    QuotaExceeded,
-    ServerFull,
-    ShuttingDown,
-    initialize_or_abandon,
-)
-from acp_channels._gateway.local import open_here
 from acp_channels._host import registry
 from acp_channels._lifecycle import lifecycle
 from acp_channels._worker import WORKER_ID, bus
-from acp_channels._worker_protocol import AgentFailed, Closed, Open, Opened, OpenRefused, Reply
 
 logger = logging.getLogger("acp_channels.runner")
 
@@ -54,30 +41,6 @@ def load() -> dict[str, Any]:
         "room": refusal is None and not lifecycle.draining,
         "draining": lifecycle.draining,
     }
-
-
-async def serve_open(op: Open) -> Reply:
-    """Create a connection an edge placed here; for HTTP, answer with the agent's reply to its
-    initialize (the edge applies INITIALIZE_TIMEOUT and ends the connection when it gives up)."""
-    try:
-        connection = open_here(op.transport, op.principal, op.remote_address, op.connection)  # type: ignore[arg-type]
-    except ShuttingDown:
-        return OpenRefused("draining")
-    except QuotaExceeded as error:
-        return OpenRefused("quota", error.limit)
-    except ServerFull as error:
-        return OpenRefused(error.reason)
-    except AgentNotStarted:
-        return AgentFailed()  # logged by open_here
-    if op.text is None or op.init_id is None:
-        connection.start()
-        return Opened("", True)
-    frame = await protocol.read_frame(op.text)
-    try:
-        reply = await initialize_or_abandon(connection, frame, json.loads(op.init_id), None)
-    except (AgentClosed, AgentEnded):
-        return Closed()
-    return Opened(reply.body, reply.accepted)
 
 
 async def drain(deadline: float) -> None:
@@ -102,7 +65,6 @@ async def run(announce: Callable[[str], object] = _to_stderr) -> None:
     once the runner takes placements (what process managers and tests wait for)."""
     if not bus.shared:
         raise RuntimeError("a runner needs a channel layer other processes share (CHANNEL_LAYERS on Redis)")
-    bus.handle(Open, serve_open)
     bus.load = load
     bus.ensure_listening()
     _journal.enable(bus.layer)

@@ -16,6 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 from acp_channels import _cors as cors
 from acp_channels import _metrics as metrics
 from acp_channels import _protocol as protocol
+from acp_channels._attach import attach_request, open_attachment
 from acp_channels._conf import acp_settings
 from acp_channels._gateway import (
     AgentBusy,
@@ -43,6 +44,8 @@ from acp_channels._handler import LoopCloser
 from acp_channels._identity import Principal
 from acp_channels._lifecycle import lifecycle
 from acp_channels._protocol import (
+    ATTACH_ROLE_HEADER,
+    ATTACH_SESSION_HEADER,
     CONNECTION_HEADER,
     LAST_EVENT_ID_HEADER,
     SESSION_HEADER,
@@ -51,7 +54,7 @@ from acp_channels._protocol import (
     event_id,
 )
 from acp_channels.auth import Refused, RequestContext, authenticate
-from acp_channels.errors import AcpError
+from acp_channels.errors import AcpError, NoSuchSession, TooManyAttachments
 
 logger = logging.getLogger("acp_channels.views")
 
@@ -232,10 +235,19 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int, princi
         frame = plan.frame
     init_id = protocol.frame_messages(frame)[_message_index(frame, init_index)]["id"]
 
+    remote_address = RequestContext.for_http(request).remote_address
     try:
-        connection = await open_connection("http", principal, RequestContext.for_http(request).remote_address)
+        attach = attach_request(header(request, ATTACH_SESSION_HEADER), header(request, ATTACH_ROLE_HEADER))
+        if attach is None:
+            connection = await open_connection("http", principal, remote_address)
+        else:  # another client of a live session (docs/shared-sessions.md)
+            connection = await open_attachment("http", principal, remote_address, attach)
+    except ValueError as error:
+        return text_response(400, str(error))
     except NOT_OPENED as error:  # ShuttingDown: another worker will
         return error_response(error)
+    except REACHING_THE_HOST as error:
+        return host_unavailable(error)
     timeout: float | None = acp_settings.INITIALIZE_TIMEOUT
     try:
         reply = await initialize_or_abandon(connection, frame, init_id, timeout)
@@ -353,7 +365,7 @@ async def delete(request: HttpRequest, principal: Principal) -> HttpResponseBase
 
 
 #: Why a new connection was not opened (with runners: on none of them).
-NOT_OPENED = (ShuttingDown, QuotaExceeded, ServerFull, AgentNotStarted)
+NOT_OPENED = (ShuttingDown, QuotaExceeded, ServerFull, AgentNotStarted, NoSuchSession, TooManyAttachments)
 #: What can go wrong reaching a host on another worker.
 REACHING_THE_HOST = (HostUnreachable, LayerUnavailable, AgentBusy, WorkerFailed)
 

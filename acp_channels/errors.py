@@ -119,6 +119,27 @@ class TooManyStreams(AcpError):
         self.limit = limit
 
 
+class TooManyAttachments(AcpError):
+    """A session already has MAX_ATTACHMENTS_PER_SESSION other clients attached (429)."""
+
+    status = 429
+    retry_after = 10
+    rpc_code = SERVER_BUSY_CODE
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"too many clients attached to this session (at most {limit})")
+        self.limit = limit
+
+
+class NoSuchSession(AcpError):
+    """An attach names a session that is not live, or not the caller's to attach to: the same
+    answer for both (404), as for connection ids."""
+
+    status = 404
+    rpc_code = INVALID_PARAMS_CODE
+    public_text = "no such session"
+
+
 PendingUnit = Literal["requests", "bytes"]
 
 
@@ -160,6 +181,10 @@ class TooManyRequests(AcpError):
         }
 
 
+#: What MAX_DETACHED_PER_PRINCIPAL counts (QuotaExceeded.what).
+DETACHED_QUOTA: Final = "connections nobody is attached to"
+
+
 class QuotaExceeded(AcpError):
     """The principal already holds MAX_CONNECTIONS_PER_PRINCIPAL connections on this worker (429)."""
 
@@ -167,9 +192,10 @@ class QuotaExceeded(AcpError):
     retry_after = 10
     rpc_code = SERVER_BUSY_CODE
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"too many ACP connections for you on this server (at most {limit}); close one")
+    def __init__(self, limit: int, what: str = "ACP connections") -> None:
+        super().__init__(f"too many {what} for you on this server (at most {limit}); close one")
         self.limit = limit
+        self.what = what
 
     @property
     def close_code(self) -> int:

@@ -27,6 +27,7 @@ answers them in its own way. The edges import from here and from `protocol` only
 answer are re-exported below.
 """
 
+from acp_channels._gateway import opening as opening  # serves Open: placements, attachments
 from acp_channels._gateway.handles import HostHandle, SocketAttachment, SocketEnd, StreamReader
 from acp_channels._gateway.local import (
     NewConnection,

@@ -28,11 +28,13 @@ from acp_channels._host import (
     ServerFull,
     registry,
 )
+from acp_channels._host.attachments import share
+from acp_channels._host.tap import Role
 from acp_channels._identity import Principal, TransportKind
 from acp_channels._lifecycle import lifecycle
 from acp_channels._protocol import Frame, InboundPlan, StreamKey
 from acp_channels._worker import WORKER_ID, bus, new_connection_id, worker_of
-from acp_channels.errors import AgentBusy, AgentNotStarted, ShuttingDown
+from acp_channels.errors import AgentBusy, AgentNotStarted, NoSuchSession, ShuttingDown
 
 
 def locate(connection_id: str, principal: Principal) -> HostHandle | None:
@@ -122,6 +124,44 @@ def open_here(
         raise AgentNotStarted(connection_id) from error
     bus.ensure_listening()  # the id names this worker: the others must be able to reach it
     return NewConnection(host)
+
+
+def open_attachment_here(
+    transport: TransportKind,
+    principal: Principal,
+    remote_address: str | None,
+    connection_id: str,
+    host_connection: str,
+    session_id: str,
+    role: Role,
+) -> NewConnection:
+    """Open an attachment: connection `connection_id` whose agent is a tap into session
+    `session_id` of `host_connection`, hosted here (acp_channels._host.attachments). The caller
+    checked that `principal` may attach to it as `role`.
+
+    Raises ShuttingDown, NoSuchSession (the connection or the session is not live here),
+    TooManyAttachments, QuotaExceeded, ServerFull."""
+    if lifecycle.draining:
+        raise ShuttingDown
+    host = registry.get(host_connection)
+    if host is None or host.ended.is_set() or host.attached_to is not None or session_id not in host.sessions:
+        raise NoSuchSession
+    tap = share(host).attach(session_id, role, principal)
+    try:
+        attachment = registry.create(
+            tap.bind,
+            transport,
+            connection_id=connection_id,
+            max_buffered_bytes=acp_settings.MAX_BUFFERED_BYTES,
+            principal=principal,
+            remote_address=remote_address,
+            attached_to=host_connection,
+        )
+    except BaseException:
+        tap.end()
+        raise
+    bus.ensure_listening()
+    return NewConnection(attachment)
 
 
 class NewConnection:

@@ -33,9 +33,20 @@ from acp_channels._worker_protocol import (
     OpenRefused,
     Reply,
     Terminate,
+    UnknownConnection,
     describe,
 )
-from acp_channels.errors import AgentNotStarted, HostUnreachable, LayerUnavailable, WorkerBusy, WorkerFailed
+from acp_channels.errors import (
+    DETACHED_QUOTA,
+    AgentNotStarted,
+    HostUnreachable,
+    LayerUnavailable,
+    NoSuchSession,
+    ShuttingDown,
+    TooManyAttachments,
+    WorkerBusy,
+    WorkerFailed,
+)
 
 #: How long an edge trusts the runners' published loads before reading them again.
 RUNNERS_FRESH: Final = 0.5
@@ -116,7 +127,18 @@ class PlacedConnection:
     """A new connection to be opened on a runner, as the edge that opens it uses it (the same
     surface as a connection opened here, `local.NewConnection`)."""
 
-    def __init__(self, transport: TransportKind, principal: Principal, remote_address: str | None) -> None:
+    def __init__(
+        self,
+        transport: TransportKind,
+        principal: Principal,
+        remote_address: str | None,
+        *,
+        target: str | None = None,
+        attach: str | None = None,
+    ) -> None:
+        #: An attachment (`attach`, Open.attach) opens on `target`: the process hosting its session.
+        self.target = target
+        self.attach = attach
         self.transport = transport
         self.principal = principal
         self.remote_address = remote_address
@@ -130,14 +152,20 @@ class PlacedConnection:
         LayerUnavailable or WorkerFailed."""
         timeout = (acp_settings.INITIALIZE_TIMEOUT or 24 * 3600.0) if text is not None else 0.0
         quota: QuotaExceeded | None = None
-        for runner in await runners.candidates():
+        for runner in [self.target] if self.target is not None else await runners.candidates():
             self.runner, self.connection_id = runner, new_connection_id(runner)
-            op = Open(self.connection_id, self.principal, self.transport, self.remote_address, text, init_id)
+            op = Open(
+                self.connection_id, self.principal, self.transport, self.remote_address, text, init_id, self.attach
+            )
             runners.opening(runner)
             reply: Reply | None = None
             try:
                 reply = await bus.call(runner, op, timeout=timeout + OPEN_TIMEOUTS * worker_timeout(), receipt=True)
             except (HostUnreachable, WorkerBusy) as error:  # gone, or too busy to take it: the next
+                if isinstance(error, HostUnreachable) and self.target is not None:
+                    raise NoSuchSession from error  # the process of the session is gone
+                if self.target is not None:
+                    raise
                 logger.warning("runner %s did not take a new connection: %s", runner, error)
                 runners.refused(runner)
                 continue
@@ -146,10 +174,14 @@ class PlacedConnection:
             if isinstance(reply, Opened):
                 return reply
             if isinstance(reply, OpenRefused):
+                if self.target is not None:
+                    raise open_refusal(reply)
                 runners.refused(runner)
-                if reply.reason == "quota":
-                    quota = QuotaExceeded(reply.limit)
+                if reply.reason in ("quota", "detached"):
+                    quota = open_refusal(reply)  # type: ignore[assignment]
                 continue
+            if isinstance(reply, UnknownConnection):  # the session's connection ended meanwhile
+                raise NoSuchSession
             if isinstance(reply, AgentFailed):  # nothing was made on the runner: nothing to abandon
                 failed, self.connection_id = self.connection_id, ""
                 raise AgentNotStarted(failed)
@@ -178,3 +210,25 @@ class PlacedConnection:
     async def attach_first_socket(self) -> SocketAttachment:
         """The WebSocket that opened the connection takes its runner's socket outbox."""
         return await RemoteHandle(self.runner, self.connection_id, self.principal).attach_socket(0)
+
+
+def open_refusal(reply: OpenRefused) -> QuotaExceeded | TooManyAttachments | ServerFull | ShuttingDown:
+    """The error a process's refusal to open a connection stands for."""
+    if reply.reason == "draining":
+        return ShuttingDown()
+    if reply.reason == "quota":
+        return QuotaExceeded(reply.limit)
+    if reply.reason == "detached":
+        return QuotaExceeded(reply.limit, DETACHED_QUOTA)
+    if reply.reason == "attachments":
+        return TooManyAttachments(reply.limit)
+    return ServerFull(reply.reason)  # type: ignore[arg-type]
+
+
+def refusal_reply(error: QuotaExceeded | TooManyAttachments | ServerFull) -> OpenRefused:
+    """The other way: what a process answers an Open with when it refuses it."""
+    if isinstance(error, QuotaExceeded):
+        return OpenRefused("detached" if error.what == DETACHED_QUOTA else "quota", error.limit)
+    if isinstance(error, TooManyAttachments):
+        return OpenRefused("attachments", error.limit)
+    return OpenRefused(error.reason)

@@ -7,10 +7,10 @@ edges reach all of it through acp_channels._gateway.
 """
 
 from acp_channels._host.budget import OutboundBudget, WorkerBudget
-from acp_channels._host.connection import ConnectionHost, InitializeReply
+from acp_channels._host.connection import ConnectionHost
 from acp_channels._host.mailbox import TAKE_BYTES, Delivery, Mailbox, SocketOutbox, StreamLease
 from acp_channels._host.registry import Registry, registry, sweep_interval
-from acp_channels._host.resume import RESUME_META_KEY, advertise_server_meta, resume_capabilities
+from acp_channels._host.resume import RESUME_META_KEY, InitializeReply, advertise_server_meta, resume_capabilities
 from acp_channels._identity import TransportKind
 from acp_channels.errors import (
     AgentEnded,

@@ -1,9 +1,10 @@
 """One ACP connection and its agent: `ConnectionHost`.
 
 It owns the agent, the requests in flight and where their replies go (`requests`), the outbound
-router and the per-stream mailboxes (`mailbox`), what it saw of its sessions (`sessions`), and
-for a WebSocket its socket's state (`socket`). The edges reach it through a few operations (via
-the gateway): submit a planned frame, initialize, lease a stream, take deliveries, terminate.
+router and the per-stream mailboxes (`mailbox`), what it saw of its sessions (`sessions`), other
+clients of its sessions (`attachments`), and for a WebSocket its socket's state (`socket`). The
+edges reach it through the gateway: submit a planned frame, initialize, lease a stream, take
+deliveries, terminate.
 
 Everything a connection holds is bounded: undelivered output by its budget (bytes queued plus
 bytes handed to a reader and not yet confirmed written) and by the worker's budget summed over
@@ -17,7 +18,6 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 from acp_channels import _journal
@@ -26,12 +26,13 @@ from acp_channels import _protocol as protocol
 from acp_channels._agents.channel import AgentChannel, AgentClosed
 from acp_channels._conf import acp_settings
 from acp_channels._handoff import LazyEvent
+from acp_channels._host.attachments import SharedSessions, detached_seconds, held_back, keeps_detached
 from acp_channels._host.budget import OutboundBudget, WorkerBudget
 from acp_channels._host.extensions import answered_here
 from acp_channels._host.mailbox import Mailbox, SocketOutbox, StreamLease
 from acp_channels._host.oversize import OversizeRefusals, largest_agent_message
 from acp_channels._host.requests import PendingRequests, too_many_requests_reply
-from acp_channels._host.resume import advertise_server_meta
+from acp_channels._host.resume import InitializeReply, advertise_server_meta, count_socket_replies
 from acp_channels._host.sessions import SessionDirectory
 from acp_channels._host.socket import GracePeriod, SocketInbox, socket_frame_refusal
 from acp_channels._identity import ANONYMOUS, Principal, TransportKind
@@ -42,12 +43,6 @@ logger = logging.getLogger("acp_channels.host")
 
 #: Forgotten streams a connection remembers the last event id of (see ConnectionHost._forgotten).
 FORGOTTEN_STREAMS: Final = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class InitializeReply:
-    body: str
-    accepted: bool
 
 
 class ConnectionHost:
@@ -106,6 +101,10 @@ class ConnectionHost:
         # The stream each pending agent->client request went to, by id.
         self._agent_requests: dict[str, StreamKey] = {}
         self.sessions = SessionDirectory()  # for the directory (GET /acp/sessions)
+        #: Other clients on this connection's sessions (made with the first); on an attachment,
+        #: the connection it is attached to.
+        self.shared: SharedSessions | None = None
+        self.attached_to: str | None = None
         self._router: asyncio.Task[None] | None = None
         self._on_end = on_end
         self.ended = LazyEvent()
@@ -136,7 +135,7 @@ class ConnectionHost:
         if self.ended.is_set():
             raise AgentClosed("connection ended")
         self.last_active = asyncio.get_running_loop().time()
-        if answered_here(self, plan.frame):  # ours to answer (docs/shared-sessions.md)
+        if answered_here(self, plan.frame) or held_back(self, plan.frame):  # docs/shared-sessions.md
             return
         if self.transport == "websocket":  # one stream: nothing to route, ids to count
             await self._submit_to_socket_agent(plan.frame)
@@ -289,7 +288,7 @@ class ConnectionHost:
         if self.transport != "websocket" or self.ended.is_set():
             return
         self._grace.start(
-            acp_settings.WEBSOCKET_RESUME_SECONDS,
+            detached_seconds(self, acp_settings.WEBSOCKET_RESUME_SECONDS),
             over=lambda: self.ended.is_set() or self.socket_outbox.leased,
             end=lambda: self.terminate("socket closed"),
         )
@@ -320,8 +319,8 @@ class ConnectionHost:
         return True
 
     def stream(self, key: StreamKey) -> Mailbox:
-        """A stream's mailbox, made on demand (§6.2), beyond MAX_SESSION_STREAMS too: nothing the
-        agent says is dropped (POSTs are bounded by MAX_PENDING_REQUESTS)."""
+        """A stream's mailbox, made on demand (§6.2), beyond MAX_SESSION_STREAMS too (POSTs are
+        bounded by MAX_PENDING_REQUESTS)."""
         mailbox = self._streams.get(key)
         if mailbox is None:
             tag, last_seq = self._forgotten.pop(key, (None, 0))
@@ -330,12 +329,16 @@ class ConnectionHost:
                 on_idle=lambda idle: self._collect(key, idle),
                 tag=tag,
                 first_seq=last_seq + 1,
+                retain_while_unread=keeps_detached(self),
                 **self._window,
             )
             _journal.attach(mailbox, self.connection_id, self.principal, key)
             if self.ended.is_set():
                 mailbox.close()
         return mailbox
+
+    def stream_if_any(self, key: StreamKey) -> Mailbox | None:
+        return self._socket_outbox if self.transport == "websocket" else self._streams.get(key)
 
     def stream_for_reader(self, key: StreamKey) -> Mailbox:
         """The mailbox an SSE reader leases: StreamBusy on a WebSocket connection (409, as in the
@@ -402,6 +405,7 @@ class ConnectionHost:
             self._socket_outbox = SocketOutbox(
                 self._budget, on_attach=self._grace.stop, on_detach=self._socket_detached, **self._window
             )
+            self._socket_outbox.retain_while_unread = keeps_detached(self)
             _journal.attach(self._socket_outbox, self.connection_id, self.principal, None, _journal.SOCKET_TAG)
         return self._socket_outbox
 
@@ -427,9 +431,15 @@ class ConnectionHost:
             if refused is None:
                 return
             frame, text = refused, protocol.serialize_frame(refused)
+        shared = self.shared.outbound(frame) if self.shared is not None else frame  # other clients' share
         self.sessions.outbound(frame)
+        if shared is not frame:
+            if shared is None:  # for other clients only
+                return
+            frame, text = shared, protocol.serialize_frame(shared)
         if self.transport == "websocket":
-            if self._count_socket_replies(frame):  # an initialize reply got `_meta`: the raw text lacks it
+            # An initialize reply got `_meta`: the raw text lacks it.
+            if count_socket_replies(frame, self._socket_initializing, self._pending, self.connection_id):
                 text = protocol.dumps(protocol.frame_value(frame))
             self.socket_outbox.push(text)
             return
@@ -442,29 +452,14 @@ class ConnectionHost:
         for session_id in unpinned:  # e.g. a batch's replies went to the connection stream
             self._collect(session_id)
 
-    def _count_socket_replies(self, frame: Frame) -> bool:
-        """Count the replies to socket requests; True when one answers an initialize (its
-        result now advertises how the connection resumes)."""
-        advertised = False
-        for message in protocol.frame_messages(frame):
-            if "method" in message or message.get("id") is None:
-                continue
-            key = protocol.id_key(message["id"])
-            if key in self._socket_initializing:
-                self._socket_initializing.discard(key)
-                if not protocol.is_error_response(message):
-                    advertise_server_meta(message, self.connection_id)
-                    advertised = True
-            self._pending.answer_socket(key)
-        return advertised
-
     # -- lifetime ----------------------------------------------------------------------------
 
     @property
     def attachments(self) -> int:
         """Readers attached now: the socket, or each stream's reader."""
         streams = [self._socket_outbox] if self.transport == "websocket" else list(self._streams.values())
-        return sum(1 for mailbox in streams if mailbox is not None and mailbox.leased)
+        taps = self.shared.count if self.shared is not None else 0
+        return taps + sum(1 for mailbox in streams if mailbox is not None and mailbox.leased)
 
     def idle_since(self, now: float) -> float:
         """Seconds without POSTs and without any stream reader (a reader keeps it alive). A
@@ -472,6 +467,8 @@ class ConnectionHost:
         detached one runs and ends it (WEBSOCKET_RESUME_SECONDS, whatever IDLE_TIMEOUT_SECONDS)."""
         if self.transport == "websocket" or any(mailbox.leased for mailbox in self._streams.values()):
             self.last_active = now  # the socket or a reader is there: not idle
+        elif self.shared is not None and self.shared.count:
+            self.last_active = now  # another client is attached
         return now - self.last_active
 
     def _end(self, reason: EndReason) -> None:
@@ -488,6 +485,8 @@ class ConnectionHost:
             mailbox.close()
         if self._socket_outbox is not None:
             self._socket_outbox.close()
+        if self.shared is not None:
+            self.shared.end_all()
         self._on_end(self)
 
     async def terminate(self, reason: EndReason = "delete") -> None:

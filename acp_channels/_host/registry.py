@@ -8,10 +8,11 @@ from collections.abc import Callable, Iterator, Mapping
 
 from acp_channels._agents.channel import AgentChannel
 from acp_channels._conf import acp_settings
+from acp_channels._host.attachments import detached_seconds, expire_permissions
 from acp_channels._host.budget import WorkerBudget
 from acp_channels._host.connection import ConnectionHost
 from acp_channels._identity import ANONYMOUS, AgentContext, Principal, TransportKind
-from acp_channels.errors import QuotaExceeded, ServerFull
+from acp_channels.errors import DETACHED_QUOTA, QuotaExceeded, ServerFull
 
 logger = logging.getLogger("acp_channels.host")
 #: One line when a connection opens and one when it ends (who, which, over what, from where,
@@ -49,6 +50,7 @@ class Registry:
         principal: Principal = ANONYMOUS,
         remote_address: str | None = None,
         max_message_bytes: int | None = None,
+        attached_to: str | None = None,
     ) -> ConnectionHost:
         """A new connection `connection_id` owned by `principal`, with a new agent (the factory
         gets the connection's AgentContext: whom it serves, the connection id, transport,
@@ -66,6 +68,8 @@ class Registry:
             raise QuotaExceeded(per_principal)
         if (full := self.full()) is not None:
             raise full
+        if attached_to is None and principal != ANONYMOUS and (detached := self._detached_quota(principal)) is not None:
+            raise detached
         context = AgentContext(principal, connection_id, transport, remote_address)
         host = ConnectionHost(
             connection_id,
@@ -78,6 +82,7 @@ class Registry:
             principal=principal,
             remote_address=remote_address,
         )
+        host.attached_to = attached_to
         self._hosts[connection_id] = host
         if principal != ANONYMOUS:
             self._per_principal[principal] = self._per_principal.get(principal, 0) + 1
@@ -90,6 +95,18 @@ class Registry:
         )
         self._ensure_reaper()
         return host
+
+    def _detached_quota(self, principal: Principal) -> QuotaExceeded | None:
+        """The principal holds MAX_DETACHED_PER_PRINCIPAL connections nobody is attached to."""
+        limit = acp_settings.MAX_DETACHED_PER_PRINCIPAL
+        if limit is None or not acp_settings.DETACHED_SECONDS:
+            return None
+        detached = sum(
+            1
+            for host in self._hosts.values()
+            if host.principal == principal and host.attached_to is None and not host.attachments
+        )
+        return QuotaExceeded(limit, DETACHED_QUOTA) if detached >= limit else None
 
     def full(self) -> ServerFull | None:
         """Why this worker takes no new connection now (MAX_CONNECTIONS, or its whole output
@@ -128,15 +145,18 @@ class Registry:
         loop = asyncio.get_running_loop()
         while self._hosts:
             # A sweep interval, not a wait for an event: ended within timeout + 30 s at most.
-            await asyncio.sleep(sweep_interval(timeout))
+            await asyncio.sleep(sweep_interval(min(timeout, acp_settings.PERMISSION_TIMEOUT_SECONDS)))
             now = loop.time()
             for host in list(self._hosts.values()):
-                if host.idle_since(now) > timeout:
-                    logger.info("connection %s idle for %.0f s: ending it", host.connection_id, timeout)
-                    try:
+                limit = detached_seconds(host, timeout)
+                try:
+                    if host.idle_since(now) > limit:
+                        logger.info("connection %s idle for %.0f s: ending it", host.connection_id, limit)
                         await host.terminate("idle")
-                    except Exception:  # one failing agent must not stop the sweeps for the others
-                        logger.exception("ending idle connection %s failed", host.connection_id)
+                    else:
+                        await expire_permissions(host, now)
+                except Exception:  # one failing agent must not stop the sweeps for the others
+                    logger.exception("sweeping connection %s failed", host.connection_id)
 
     def _forget(self, host: ConnectionHost) -> None:
         if self._hosts.get(host.connection_id) is not host:

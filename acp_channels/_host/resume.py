@@ -3,11 +3,13 @@ listing its sessions (docs/shared-sessions.md), in the initialize result's `_met
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final
 
 from acp_channels import _protocol as protocol
 from acp_channels._conf import acp_settings
 from acp_channels._host.extensions import SESSIONS_LIST
+from acp_channels._host.requests import PendingRequests
 
 #: The key under the initialize result's `_meta` where the server says how streams resume
 #: (docs/resumable-streams.md).
@@ -15,6 +17,14 @@ RESUME_META_KEY: Final = "acp-channels/resume"
 #: Where it says where the principal's sessions are listed: the directory's path, and the
 #: extension method that answers the same on a connection.
 SESSIONS_META_KEY: Final = "acp-channels/sessions"
+
+
+@dataclass(frozen=True, slots=True)
+class InitializeReply:
+    """The agent's answer to a new connection's initialize; `accepted`: not an error."""
+
+    body: str
+    accepted: bool
 
 
 def _directory_path() -> str | None:
@@ -56,3 +66,23 @@ def advertise_server_meta(reply: protocol.Message, connection_id: str | None = N
             capabilities["receivedNotification"] = protocol.RECEIVED_NOTIFICATION
         meta[RESUME_META_KEY] = capabilities
         meta[SESSIONS_META_KEY] = {"directory": _directory_path(), "listMethod": SESSIONS_LIST}
+
+
+def count_socket_replies(
+    frame: protocol.Frame, initializing: set[str], pending: PendingRequests, connection_id: str
+) -> bool:
+    """Count the replies to a WebSocket connection's requests (`pending`); True when one answers
+    an initialize (an id in `initializing`): its result now advertises how the connection
+    resumes."""
+    advertised = False
+    for message in protocol.frame_messages(frame):
+        if "method" in message or message.get("id") is None:
+            continue
+        key = protocol.id_key(message["id"])
+        if key in initializing:
+            initializing.discard(key)
+            if not protocol.is_error_response(message):
+                advertise_server_meta(message, connection_id)
+                advertised = True
+        pending.answer_socket(key)
+    return advertised

@@ -7,6 +7,7 @@ inferred from anything but the wire.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -58,6 +59,10 @@ class SessionDirectory:
     def __init__(self) -> None:
         #: The agent's name, from its initialize result (`agentInfo.name`), once seen.
         self.agent: str | None = None
+        #: The agent's initialize result, as it gave it (an attachment is answered with it).
+        self.initialize_result: dict[str, Any] | None = None
+        #: Loop time since when permission requests wait with nobody attached (the reaper's).
+        self.unattended_since: float | None = None
         self._sessions: dict[str, SessionActivity] = {}
         #: The most recently active session (the last of `_sessions`): the usual one to touch.
         self._latest: SessionActivity | None = None
@@ -70,6 +75,9 @@ class SessionDirectory:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
 
     def inbound(self, frame: Frame) -> None:
         """A frame from the client to the agent."""
@@ -91,6 +99,8 @@ class SessionDirectory:
                 continue
             if isinstance(result.get("sessionId"), str):
                 self._touch(result["sessionId"])  # session/new, session/fork: a new session
+            if "protocolVersion" in result and self.initialize_result is None:
+                self.initialize_result = copy.deepcopy(result)  # before the server adds its `_meta`
             info = result.get("agentInfo")
             if isinstance(info, dict) and isinstance(info.get("name"), str):
                 self.agent = info["name"]
@@ -118,6 +128,27 @@ class SessionDirectory:
             key = protocol.id_key(request_id)
             self._waiting[asks][key] = session_id
             activity.waiting[asks].add(key)
+
+    def turn_running(self, session_id: str) -> bool:
+        activity = self._sessions.get(session_id)
+        return activity is not None and activity.turn_running
+
+    def waiting_requests(self, session_id: str) -> set[str]:
+        """Id keys of the agent's permission requests on `session_id` nobody answered yet."""
+        activity = self._sessions.get(session_id)
+        return set(activity.permissions) if activity is not None else set()
+
+    def prompt_session(self, key: str) -> str | None:
+        """The session of the client's unanswered prompt `key`, if it is one."""
+        return self._waiting[PROMPT].get(key)
+
+    def permission_session(self, key: str) -> str | None:
+        """The session of the agent's unanswered permission request `key`, if it is one."""
+        return self._waiting[PERMISSION].get(key)
+
+    def permissions_waiting(self) -> list[tuple[str, str]]:
+        """Every unanswered permission request: (id key, session id)."""
+        return list(self._waiting[PERMISSION].items())
 
     def carried_before(self, message: dict[str, Any]) -> tuple[bool, Any]:
         """Whether a client request names an operation already forwarded on its session, and the

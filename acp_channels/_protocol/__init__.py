@@ -11,6 +11,10 @@ Section numbers (§N) refer to docs/wire-contract.md, the wire contract we imple
 from __future__ import annotations
 
 from acp_channels._protocol.base import (
+    ATTACH_ROLE_HEADER,
+    ATTACH_ROLE_QUERY,
+    ATTACH_SESSION_HEADER,
+    ATTACH_SESSION_QUERY,
     CANCEL_REQUEST_METHOD,
     CONNECTION_HEADER,
     CONNECTION_STREAM,
@@ -106,6 +110,10 @@ from acp_channels.errors import SessionHeaderError
 
 __all__ = [
     "ARRAY_PARAMS",
+    "ATTACH_ROLE_HEADER",
+    "ATTACH_ROLE_QUERY",
+    "ATTACH_SESSION_HEADER",
+    "ATTACH_SESSION_QUERY",
     "CANCEL_REQUEST_METHOD",
     "CONNECTION_HEADER",
     "CONNECTION_STREAM",

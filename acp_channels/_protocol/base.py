@@ -21,6 +21,13 @@ RECEIVED_HEADER: Final = "acp-received"
 RECEIVED_NOTIFICATION: Final = "_acp-channels/received"
 RECEIVED_QUERY: Final = "acp_received"
 RECEIVED_AS_MESSAGE: Final = "message"
+#: An initialize POST or a WebSocket upgrade that attaches to a live session instead of starting
+#: an agent names it, and the role asked for (docs/shared-sessions.md; provisional). Browsers
+#: give both in the upgrade's query instead.
+ATTACH_SESSION_HEADER: Final = "acp-attach-session"
+ATTACH_ROLE_HEADER: Final = "acp-attach-role"
+ATTACH_SESSION_QUERY: Final = "acp_attach_session"
+ATTACH_ROLE_QUERY: Final = "acp_attach_role"
 
 JSONRPC_VERSION: Final = "2.0"
 PARSE_ERROR: Final = -32700

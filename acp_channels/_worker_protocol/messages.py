@@ -259,7 +259,8 @@ class ReplyFromTransport(Op):
 @message("open")
 @dataclass(frozen=True, slots=True)
 class Open(Op):
-    """An edge places a new connection on a runner (AGENT_HOSTS = "runners")."""
+    """An edge places a new connection on a runner (AGENT_HOSTS = "runners"), or an attachment
+    on the process hosting the connection it attaches to (any worker or runner)."""
 
     #: The id the edge chose for it: it names the runner.
     connection: str
@@ -270,7 +271,9 @@ class Open(Op):
     #: with the agent's reply. WebSocket: None; the runner starts the connection's relay.
     text: str | None
     init_id: str | None
-    replies = (Opened, OpenRefused, AgentFailed, Closed)
+    #: An attachment: JSON of {"connection", "session", "role"} (acp_channels._host.attachments).
+    attach: str | None = None
+    replies = (Opened, OpenRefused, AgentFailed, Closed, UnknownConnection)
 
 
 @message("lease")
