@@ -218,6 +218,7 @@ async def test_worker_output_budget_is_503_and_nothing_is_dropped(http: httpx.As
         "ACP_MAX_WORKER_BUFFERED_BYTES": str(64 * 1024),
         "ACP_MAX_BUFFERED_BYTES": str(64 * 1024),
         "ACP_REPLAY_WINDOW_BYTES": str(16 * 1024),  # within the budget (check E031)
+        "ACP_DETACHED_SECONDS": "0",  # nobody reads: the agents pause (with it, old output goes)
     }
     async with single(budget) as server:
         url = server.url

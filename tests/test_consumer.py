@@ -453,12 +453,26 @@ async def test_with_no_grace_period_a_dropped_socket_ends_the_connection(applica
 
 
 async def test_the_grace_period_ends_an_abandoned_connection(application: Any, settings: Any) -> None:
-    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "WEBSOCKET_RESUME_SECONDS": 0.05}
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "WEBSOCKET_RESUME_SECONDS": 0.05, "DETACHED_SECONDS": 0}
     async with connected(application) as (communicator, connection_id):
         host = host_of(connection_id)
         await communicator.disconnect(code=ABNORMAL_CLOSURE, timeout=TIMEOUT)
     await asyncio.wait_for(host.ended.wait(), TIMEOUT)
     assert host.end_reason == "socket closed" and registry.get(connection_id) is None
+
+
+async def test_detached_seconds_lengthen_the_grace_period(application: Any, settings: Any) -> None:
+    """A socket that dropped leaves its connection DETACHED_SECONDS when longer than
+    WEBSOCKET_RESUME_SECONDS (docs/shared-sessions.md)."""
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "WEBSOCKET_RESUME_SECONDS": 0.05, "DETACHED_SECONDS": 0.5}
+    loop = asyncio.get_running_loop()
+    async with connected(application) as (communicator, connection_id):
+        host = host_of(connection_id)
+        await communicator.disconnect(code=ABNORMAL_CLOSURE, timeout=TIMEOUT)
+        dropped = loop.time()
+    await asyncio.wait_for(host.ended.wait(), TIMEOUT)
+    assert loop.time() - dropped >= 0.45  # the timer's clock may round a little
+    assert host.end_reason == "socket closed"
 
 
 async def test_idle_reaping_leaves_a_detached_socket_to_its_grace_period(application: Any, settings: Any) -> None:

@@ -20,6 +20,8 @@ SAMPLES: dict[type[AcpError], AcpError] = {
     errors.TooManyStreams: errors.TooManyStreams(64),
     errors.TooManyRequests: errors.TooManyRequests(3),
     errors.QuotaExceeded: errors.QuotaExceeded(32),
+    errors.TooManyAttachments: errors.TooManyAttachments(8),
+    errors.NoSuchSession: errors.NoSuchSession(),
     errors.Refused: errors.Refused.unauthenticated(),
     errors.ServerFull: errors.ServerFull("connections"),
     errors.ShuttingDown: errors.ShuttingDown(),

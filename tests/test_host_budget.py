@@ -36,7 +36,14 @@ KiB = 1024
 
 @pytest.fixture(autouse=True)
 def caps_settings(settings: Any) -> dict[str, Any]:
-    settings.ACP_CHANNELS = {"AGENT": "tests.caps_agent.create", "MAX_SESSION_STREAMS": 64, "MAX_PENDING_REQUESTS": 3}
+    # DETACHED_SECONDS 0: a connection nobody reads pauses its agent at a full budget (with it, a
+    # detached connection drops its oldest unread output instead: tests/test_detached.py).
+    settings.ACP_CHANNELS = {
+        "AGENT": "tests.caps_agent.create",
+        "MAX_SESSION_STREAMS": 64,
+        "MAX_PENDING_REQUESTS": 3,
+        "DETACHED_SECONDS": 0,
+    }
     return SettingsDict(settings)
 
 

@@ -11,7 +11,8 @@ from tests.live import SSE, DaphneServer, initialize, open_sse, post, rpc
 
 
 async def test_idle_connection_is_ended_and_a_read_one_is_kept(http: httpx.AsyncClient) -> None:
-    server = DaphneServer(env={"ACP_AGENT": "tests.wire_agent.create", "ACP_IDLE_TIMEOUT_SECONDS": "1"}).start()
+    env = {"ACP_AGENT": "tests.wire_agent.create", "ACP_IDLE_TIMEOUT_SECONDS": "1", "ACP_DETACHED_SECONDS": "0"}
+    server = DaphneServer(env=env).start()
     try:
         watched = await initialize(http, server.url)
         abandoned = await initialize(http, server.url)

@@ -52,7 +52,8 @@ RECEIVED_METHOD = "_acp-channels/received"
 @pytest.fixture(scope="module", params=SHAPES)
 def guarded(request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
     """Bearer tokens (alice, bob) and a short grace period."""
-    env = {**AUTH_ENV, "ACP_WEBSOCKET_RESUME_SECONDS": str(SHORT_GRACE)}
+    # DETACHED_SECONDS 0: the grace period alone (with it, longer: tests/test_consumer.py).
+    env = {**AUTH_ENV, "ACP_WEBSOCKET_RESUME_SECONDS": str(SHORT_GRACE), "ACP_DETACHED_SECONDS": "0"}
     server = start_server(request.param, env, request)
     yield server
     server.stop()

@@ -446,8 +446,10 @@ async def test_an_unread_agent_blocks_on_its_own_output(start: Start, caplog: py
 
 
 async def test_a_slow_reader_stops_the_router_and_then_the_agent(
-    start: Start, caplog: pytest.LogCaptureFixture
+    start: Start, caplog: pytest.LogCaptureFixture, settings: Any
 ) -> None:
+    # Nobody reads until the end: with DETACHED_SECONDS the oldest output would go instead.
+    settings.ACP_CHANNELS = {**getattr(settings, "ACP_CHANNELS", {}), "DETACHED_SECONDS": 0}
     count, size = 300, 64 * 1024
     channel = start()
     host = ConnectionHost("conn-bp", channel, "http", max_buffered_bytes=2 * MiB, on_end=lambda host: None)

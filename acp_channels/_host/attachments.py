@@ -25,7 +25,7 @@ import copy
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from acp_channels import _metrics as metrics
@@ -362,11 +362,25 @@ def share(host: ConnectionHost) -> SharedSessions:
     return host.shared
 
 
-def keeps_detached(host: ConnectionHost) -> bool:
-    """Whether the host's streams keep only their replay window's worth of unread output while
-    nobody reads them (its agent goes on), instead of pausing the agent: a connection (not an
-    attachment) on a site with DETACHED_SECONDS."""
-    return host.attached_to is None and acp_settings.DETACHED_SECONDS > 0
+def detached_check(host: ConnectionHost) -> Callable[[], bool] | None:
+    """For the host's streams: whether nobody is attached to the connection now (then a full
+    budget drops the oldest unread output instead of pausing the agent). None (always pause):
+    an attachment, or a site without DETACHED_SECONDS."""
+    if host.attached_to is not None or not acp_settings.DETACHED_SECONDS:
+        return None
+    return lambda: not host.attachments
+
+
+def kept_detached(host: ConnectionHost, now: float) -> bool:
+    """Whether the host lives only because of DETACHED_SECONDS now: nobody attached for longer
+    than IDLE_TIMEOUT_SECONDS (HTTP) or WEBSOCKET_RESUME_SECONDS (a socket's grace period)."""
+    if host.attached_to is not None or host.attachments:
+        return False
+    if host.transport == "websocket":
+        started = host.grace.started
+        return started is not None and now - started > acp_settings.WEBSOCKET_RESUME_SECONDS
+    idle_timeout = acp_settings.IDLE_TIMEOUT_SECONDS
+    return idle_timeout is not None and host.idle_since(now) > idle_timeout
 
 
 def detached_seconds(host: ConnectionHost, base: float) -> float:

@@ -26,7 +26,7 @@ from acp_channels import _protocol as protocol
 from acp_channels._agents.channel import AgentChannel, AgentClosed
 from acp_channels._conf import acp_settings
 from acp_channels._handoff import LazyEvent
-from acp_channels._host.attachments import SharedSessions, detached_seconds, held_back, keeps_detached
+from acp_channels._host.attachments import SharedSessions, detached_check, detached_seconds, held_back
 from acp_channels._host.budget import OutboundBudget, WorkerBudget
 from acp_channels._host.extensions import answered_here
 from acp_channels._host.mailbox import Mailbox, SocketOutbox, StreamLease
@@ -87,8 +87,8 @@ class ConnectionHost:
         # Streams forgotten with their window: (tag, last seq), so a reader that got everything
         # resumes on the stream made again (bounded: the oldest are forgotten for good).
         self._forgotten: OrderedDict[StreamKey, tuple[str, int]] = OrderedDict()
-        # WebSocket: the grace period of a detached socket (see _socket_detached).
-        self._grace = GracePeriod(connection_id)
+        #: WebSocket: the grace period of a detached socket (see _socket_detached).
+        self.grace = GracePeriod(connection_id)
         # WebSocket connections only, made on first use: an HTTP connection never holds one.
         self._socket_outbox: SocketOutbox | None = None
         # Client messages received on this connection's sockets (Acp-Received on a reattach),
@@ -287,7 +287,7 @@ class ConnectionHost:
         reattach (a reader on any worker), then ends as if its socket had closed."""
         if self.transport != "websocket" or self.ended.is_set():
             return
-        self._grace.start(
+        self.grace.start(
             detached_seconds(self, acp_settings.WEBSOCKET_RESUME_SECONDS),
             over=lambda: self.ended.is_set() or self.socket_outbox.leased,
             end=lambda: self.terminate("socket closed"),
@@ -329,7 +329,7 @@ class ConnectionHost:
                 on_idle=lambda idle: self._collect(key, idle),
                 tag=tag,
                 first_seq=last_seq + 1,
-                retain_while_unread=keeps_detached(self),
+                detached=detached_check(self),
                 **self._window,
             )
             _journal.attach(mailbox, self.connection_id, self.principal, key)
@@ -403,9 +403,9 @@ class ConnectionHost:
     def socket_outbox(self) -> SocketOutbox:
         if self._socket_outbox is None:
             self._socket_outbox = SocketOutbox(
-                self._budget, on_attach=self._grace.stop, on_detach=self._socket_detached, **self._window
+                self._budget, on_attach=self.grace.stop, on_detach=self._socket_detached, **self._window
             )
-            self._socket_outbox.retain_while_unread = keeps_detached(self)
+            self._socket_outbox.detached = detached_check(self)
             _journal.attach(self._socket_outbox, self.connection_id, self.principal, None, _journal.SOCKET_TAG)
         return self._socket_outbox
 
@@ -480,7 +480,7 @@ class ConnectionHost:
         self.end_reason = reason
         self._pending.clear()
         self._socket_initializing.clear()
-        self._grace.stop()
+        self.grace.stop()
         for mailbox in self._streams.values():
             mailbox.close()
         if self._socket_outbox is not None:

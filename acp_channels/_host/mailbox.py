@@ -54,12 +54,12 @@ class Mailbox:
         window_bytes: int = 0,
         tag: str | None = None,
         first_seq: int = 1,
-        retain_while_unread: bool = False,
+        detached: Callable[[], bool] | None = None,
     ) -> None:
         self._items: deque[str] = deque()
-        #: Nobody reading: keep the newest output only (its window's worth, within the budget)
-        #: instead of making the agent wait (a detached connection's agent goes on).
-        self.retain_while_unread = retain_while_unread
+        #: Whether the connection has nobody attached now; then, with the budget full, the oldest
+        #: output nobody read goes instead of the agent waiting (a detached agent goes on).
+        self.detached = detached
         self._budget = budget
         self._in_flight = 0  # bytes of the reader's last batch, not yet confirmed written
         self._in_flight_count = 0
@@ -88,14 +88,15 @@ class Mailbox:
         self._items.append(item)
         self._budget.add(len(item))
         self._wakeup.set()
-        if self.retain_while_unread and self._holder is None:
+        if self._holder is None and self.detached is not None and not self._budget.has_room() and self.detached():
             self._drop_oldest_unread()
 
     def _drop_oldest_unread(self) -> None:
-        """Forget the oldest output nobody read beyond the window's number of events, or while
-        the budget is full (the newest item stays): a reader resuming from before it gets 409."""
+        """Forget the oldest output nobody read while the budget is full (the newest item stays):
+        a reader resuming from before it gets 409."""
+        self._budget.reclaim()  # replay windows give way first
         items = self._items
-        while len(items) > 1 and (len(items) > max(self._window_events, 1) or not self._budget.has_room()):
+        while len(items) > 1 and not self._budget.has_room():
             if self._sent:  # older than anything unread: a resume from it could not continue
                 self._budget.release(self._sent_bytes)
                 self._sent.clear()

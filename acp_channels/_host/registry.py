@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from acp_channels._agents.channel import AgentChannel
 from acp_channels._conf import acp_settings
-from acp_channels._host.attachments import detached_seconds, expire_permissions
+from acp_channels._host.attachments import detached_seconds, expire_permissions, kept_detached
 from acp_channels._host.budget import WorkerBudget
 from acp_channels._host.connection import ConnectionHost
 from acp_channels._identity import ANONYMOUS, AgentContext, Principal, TransportKind
@@ -97,15 +97,12 @@ class Registry:
         return host
 
     def _detached_quota(self, principal: Principal) -> QuotaExceeded | None:
-        """The principal holds MAX_DETACHED_PER_PRINCIPAL connections nobody is attached to."""
+        """The principal holds MAX_DETACHED_PER_PRINCIPAL connections only DETACHED_SECONDS keeps."""
         limit = acp_settings.MAX_DETACHED_PER_PRINCIPAL
         if limit is None or not acp_settings.DETACHED_SECONDS:
             return None
-        detached = sum(
-            1
-            for host in self._hosts.values()
-            if host.principal == principal and host.attached_to is None and not host.attachments
-        )
+        now = asyncio.get_running_loop().time()
+        detached = sum(1 for host in self._hosts.values() if host.principal == principal and kept_detached(host, now))
         return QuotaExceeded(limit, DETACHED_QUOTA) if detached >= limit else None
 
     def full(self) -> ServerFull | None:

@@ -54,20 +54,24 @@ class GracePeriod:
         self._connection_id = connection_id
         self._timer: asyncio.TimerHandle | None = None
         self._ending: asyncio.Task[None] | None = None
+        #: Loop time the running timer started at (None: none runs).
+        self.started: float | None = None
 
     def start(self, seconds: float, over: Callable[[], bool], end: Callable[[], Awaitable[None]]) -> None:
         self.stop()
+        self.started = asyncio.get_running_loop().time()
         self._timer = asyncio.get_running_loop().call_later(seconds, self._run_out, over, end)
         if seconds:
             logger.info("connection %s: socket detached; kept %g s for a reattach", self._connection_id, seconds)
 
     def stop(self) -> None:
+        self.started = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _run_out(self, over: Callable[[], bool], end: Callable[[], Awaitable[None]]) -> None:
-        self._timer = None
+        self._timer = self.started = None
         if over():
             return
         logger.info("connection %s: no socket reattached in time; ending it", self._connection_id)
