@@ -340,7 +340,9 @@ class WorkerFailed(ServerFault):
         return f"the connection's worker failed to handle {self.op}"
 
 
-EndReason = Literal["delete", "idle", "socket closed", "agent ended", "shutdown", "initialize failed", "send failed"]
+EndReason = Literal[
+    "delete", "idle", "socket closed", "agent ended", "shutdown", "initialize failed", "send failed", "fell behind"
+]
 
 
 def answer_kinds() -> list[type[AcpError]]:

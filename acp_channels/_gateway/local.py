@@ -160,6 +160,7 @@ def open_attachment_here(
     except BaseException:
         tap.end()
         raise
+    tap.on_cut_off = lambda: asyncio.ensure_future(attachment.terminate("fell behind"))
     bus.ensure_listening()
     return NewConnection(attachment)
 

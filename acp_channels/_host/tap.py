@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from acp_channels import _protocol as protocol
@@ -86,6 +87,8 @@ class SessionTap:
         self._ids: dict[str, Any] = {}
         #: Its own connection's id (the attachment), once bound.
         self.connection_id = ""
+        #: Ends its connection when its client fell too far behind (set by whoever opened it).
+        self.on_cut_off: Callable[[], object] | None = None
         audit_logger.info(
             "session attached principal=%s session=%s connection=%s role=%s",
             principal,
@@ -133,8 +136,12 @@ class SessionTap:
         self._queued_bytes += _size(frame)
         self._wakeup.set()
         if self._queued_bytes > acp_settings.MAX_BUFFERED_BYTES:
-            logger.info("attachment %d to session %s fell behind: ending it", self.number, self.session_id)
-            self.end()
+            logger.info("attachment %s to session %s fell behind: ending it", self.connection_id, self.session_id)
+            self._queue.clear()
+            self._queued_bytes = 0
+            self.end(reason="fell behind")
+            if self.on_cut_off is not None:
+                self.on_cut_off()  # its connection waits for its reader, not for this tap: end it
 
     def answer(self, host_id: Any, message: dict[str, Any]) -> bool:
         """The host's agent answered one of this tap's requests: back under the client's id."""
@@ -144,7 +151,7 @@ class SessionTap:
         self.deliver({**message, "id": client_id})
         return True
 
-    def end(self, notice: dict[str, Any] | None = None) -> None:
+    def end(self, notice: dict[str, Any] | None = None, reason: str = "left") -> None:
         """Stop: the queue drains (after `notice`), then receive() ends the attachment."""
         if self._closed:
             return
@@ -159,7 +166,7 @@ class SessionTap:
             self.session_id,
             self.shared.host.connection_id,
             self.connection_id or "-",
-            "terminated" if notice is not None else "left",
+            "terminated" if notice is not None else reason,
         )
 
     # -- from the client -------------------------------------------------------------------
