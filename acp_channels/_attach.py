@@ -33,16 +33,19 @@ ROLE_UNKNOWN = "Acp-Attach-Role is 'controller' or 'observer'"
 class AttachRequest:
     session_id: str
     role: Role
+    #: `Acp-Attach-Cursor`: what the session kept after this position only (the last
+    #: `_meta["acp/cursor"]` an earlier attachment got).
+    cursor: str | None = None
 
 
-def attach_request(session_id: str | None, role: str | None) -> AttachRequest | None:
-    """What a request's attach header (or query) asks for; None: not an attach. ValueError
+def attach_request(session_id: str | None, role: str | None, cursor: str | None = None) -> AttachRequest | None:
+    """What a request's attach headers (or query) ask for; None: not an attach. ValueError
     (ROLE_UNKNOWN) for a role that is neither."""
     if session_id is None:
         return None
     if role not in (None, "controller", "observer"):
         raise ValueError(ROLE_UNKNOWN)
-    return AttachRequest(session_id, "observer" if role == "observer" else "controller")
+    return AttachRequest(session_id, "observer" if role == "observer" else "controller", cursor)
 
 
 def _hosting(connections: list[ConnectionInfo], session_id: str) -> str | None:
@@ -81,8 +84,8 @@ async def open_attachment(
 ) -> NewConnection | PlacedConnection:
     """Open the attachment on the process hosting the session (here, or through the layer). A
     WebSocket's is open when this returns; an HTTP one's once its `initialize` is answered.
-    Raises NoSuchSession, TooManyAttachments, QuotaExceeded, ServerFull, ShuttingDown, and
-    for another process LayerUnavailable, WorkerFailed."""
+    Raises NoSuchSession, TooManyAttachments, ReplayUnavailable, QuotaExceeded, ServerFull,
+    ShuttingDown, and for another process LayerUnavailable, WorkerFailed."""
     if lifecycle.draining:
         raise ShuttingDown
     host_connection = await find_session(principal, request)
@@ -98,8 +101,11 @@ async def open_attachment(
             host_connection,
             request.session_id,
             request.role,
+            request.cursor,
         )
-    attach = json.dumps({"connection": host_connection, "session": request.session_id, "role": request.role})
+    attach = json.dumps(
+        {"connection": host_connection, "session": request.session_id, "role": request.role, "cursor": request.cursor}
+    )
     placed = PlacedConnection(transport, principal, remote_address, target=process, attach=attach)
     if transport == "websocket":
         await placed.open()

@@ -119,12 +119,13 @@ def received_message(received: int) -> str:
     return protocol.dumps({**notification, "params": {"received": received}})
 
 
-def attach_names(context: RequestContext) -> tuple[str | None, str | None]:
-    """The session and role an upgrade attaches to: headers, or (browsers) the query."""
+def attach_names(context: RequestContext) -> tuple[str | None, str | None, str | None]:
+    """The session, role and cursor an upgrade attaches with: headers, or (browsers) the query."""
     query = parse_qs(bytes(context.scope.get("query_string", b"")).decode("latin-1"))
     session_id = context.header(protocol.ATTACH_SESSION_HEADER) or _first(query, protocol.ATTACH_SESSION_QUERY)
     role = context.header(protocol.ATTACH_ROLE_HEADER) or _first(query, protocol.ATTACH_ROLE_QUERY)
-    return session_id, role
+    cursor = context.header(protocol.ATTACH_CURSOR_HEADER) or _first(query, protocol.ATTACH_CURSOR_QUERY)
+    return session_id, role, cursor
 
 
 def _first(query: dict[str, list[str]], name: str) -> str | None:
@@ -185,7 +186,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 connection = await open_connection("websocket", principal, context.remote_address)
             else:  # another client of a live session (docs/shared-sessions.md)
                 connection = await open_attachment("websocket", principal, context.remote_address, attach)
-        except (NoSuchSession, TooManyAttachments) as refused:
+        except (NoSuchSession, TooManyAttachments, ReplayUnavailable) as refused:
             await self.refuse_with(refused, subprotocol)
             return
         except ShuttingDown as refused:

@@ -45,6 +45,7 @@ ACP_ALLOW_HEADERS: Final[tuple[str, ...]] = (
     "last-event-id",
     "acp-attach-session",
     "acp-attach-role",
+    "acp-attach-cursor",
 )
 #: Methods a cross-origin page uses on the endpoint (HEAD is safelisted): a site whose only CORS
 #: user is /acp sets `CORS_ALLOW_METHODS` to this, advertising nothing it does not serve.

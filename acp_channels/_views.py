@@ -44,6 +44,7 @@ from acp_channels._handler import LoopCloser
 from acp_channels._identity import Principal
 from acp_channels._lifecycle import lifecycle
 from acp_channels._protocol import (
+    ATTACH_CURSOR_HEADER,
     ATTACH_ROLE_HEADER,
     ATTACH_SESSION_HEADER,
     CONNECTION_HEADER,
@@ -237,7 +238,11 @@ async def initialize(request: HttpRequest, frame: Frame, init_index: int, princi
 
     remote_address = RequestContext.for_http(request).remote_address
     try:
-        attach = attach_request(header(request, ATTACH_SESSION_HEADER), header(request, ATTACH_ROLE_HEADER))
+        attach = attach_request(
+            header(request, ATTACH_SESSION_HEADER),
+            header(request, ATTACH_ROLE_HEADER),
+            header(request, ATTACH_CURSOR_HEADER),
+        )
         if attach is None:
             connection = await open_connection("http", principal, remote_address)
         else:  # another client of a live session (docs/shared-sessions.md)
@@ -365,7 +370,15 @@ async def delete(request: HttpRequest, principal: Principal) -> HttpResponseBase
 
 
 #: Why a new connection was not opened (with runners: on none of them).
-NOT_OPENED = (ShuttingDown, QuotaExceeded, ServerFull, AgentNotStarted, NoSuchSession, TooManyAttachments)
+NOT_OPENED = (
+    ShuttingDown,
+    QuotaExceeded,
+    ServerFull,
+    AgentNotStarted,
+    NoSuchSession,
+    TooManyAttachments,
+    ReplayUnavailable,
+)
 #: What can go wrong reaching a host on another worker.
 REACHING_THE_HOST = (HostUnreachable, LayerUnavailable, AgentBusy, WorkerFailed)
 

@@ -76,23 +76,34 @@ async def new_connection(
 
 
 async def attach_over_http(
-    http: httpx.AsyncClient, server: DaphneServer | Cluster, session_id: str, headers: dict[str, str], role: str = ""
+    http: httpx.AsyncClient,
+    server: DaphneServer | Cluster,
+    session_id: str,
+    headers: dict[str, str],
+    role: str = "",
+    cursor: str = "",
 ) -> httpx.Response:
     attach = {"Acp-Attach-Session": session_id, **({"Acp-Attach-Role": role} if role else {})}
+    if cursor:
+        attach["Acp-Attach-Cursor"] = cursor
     body = rpc("init-b", "initialize", {"protocolVersion": 1})
     return await http.post(server.url, headers={**JSON, **headers, **attach}, json=body)
 
 
 async def ticks_until_turn_ends(
-    stream: SseReader | ClientConnection, others: list[dict[str, Any]] | None = None
+    stream: SseReader | ClientConnection,
+    others: list[dict[str, Any]] | None = None,
+    cursors: list[str] | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
     """The text lines read until the turn's end (its answer, or the notice that it ended); any
-    other message read meanwhile goes to `others`."""
+    other message read meanwhile goes to `others`, each line's cursor to `cursors`."""
     lines: list[str] = []
     while True:
         message = await next_message(stream)
         if (line := text_of(message)) is not None:
             lines.append(line)
+            if cursors is not None:
+                cursors.append(message["params"]["_meta"]["acp/cursor"])
         elif message.get("method") == "_acp-channels/session/turn_ended" or "stopReason" in message.get("result", {}):
             return lines, message
         elif others is not None:
@@ -138,8 +149,10 @@ async def test_a_turn_outlives_its_client_and_another_attaches_to_it(
     meta = response.json()["result"]["_meta"]["acp-channels/attachment"]
     assert meta == {"sessionId": session_id, "connectionId": connection_id, "role": "controller", "turnRunning": True}
     async with open_sse(http, server.url, attachment_id, session_id, **ALICE) as attached:
-        lines, end = await ticks_until_turn_ends(attached)
+        cursors: list[str] = []
+        lines, end = await ticks_until_turn_ends(attached, cursors=cursors)
         assert lines == [f"tick {index}\n" for index in range(1, 41)]  # the whole turn, once, in order
+        assert len(set(cursors)) == 40  # each update says where it is in the session's stream
         assert end == {
             "jsonrpc": "2.0",
             "method": "_acp-channels/session/turn_ended",
@@ -155,6 +168,15 @@ async def test_a_turn_outlives_its_client_and_another_attaches_to_it(
     # connection) ends it.
     detach = await http.delete(server.url, headers={"Acp-Connection-Id": attachment_id, **ALICE})
     assert detach.status_code == 202
+    # Attached again from a cursor: what the session kept after it only.
+    resumed = await attach_over_http(http, server, session_id, ALICE, cursor=cursors[29])
+    assert resumed.status_code == 200, resumed.text
+    async with open_sse(http, server.url, resumed.headers["acp-connection-id"], session_id, **ALICE) as rest:
+        later = [text_of(await rest.next()) for _ in range(10)]
+        assert later == [f"tick {index}\n" for index in range(31, 41)]
+    await http.delete(server.url, headers={"Acp-Connection-Id": resumed.headers["acp-connection-id"], **ALICE})
+    foreign = await attach_over_http(http, server, session_id, ALICE, cursor="nope-3")
+    assert foreign.status_code == 409
     again = await attach_over_http(http, server, session_id, ALICE)
     assert again.status_code == 200
     second = again.headers["acp-connection-id"]

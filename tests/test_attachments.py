@@ -266,8 +266,8 @@ async def test_a_full_budget_drops_the_oldest_unread_output_only_while_nobody_is
     for n in range(3000):  # ~400 KB for a 64 KiB budget: nobody reads, the agent goes on
         shared.agent.say(update(n))
     await shared.agent.all_taken()
-    kept = shared.host.stream(SESSION).retained()
-    numbers = [json.loads(item)["params"]["update"]["n"] for item in kept]
+    kept = shared.host.stream(SESSION).kept_since()
+    numbers = [json.loads(item)["params"]["update"]["n"] for _, item in kept]
     assert numbers[-1] == 2999 and numbers == list(range(numbers[0], 3000))  # the newest, in order
     assert shared.host.buffered_bytes <= 64 * 1024 + 200
     # With a reader attached nothing is dropped: the agent waits for it.

@@ -77,7 +77,12 @@ async def test_a_running_turn_is_listed_for_its_principal_only(
     assert response.status_code == 200
     connection_id = response.headers["acp-connection-id"]
     meta = response.json()["result"]["_meta"]
-    assert meta["acp-channels/sessions"] == {"directory": "/acp/sessions", "listMethod": "_acp-channels/sessions/list"}
+    assert meta["acp-channels/sessions"] == {
+        "directory": "/acp/sessions",
+        "listMethod": "_acp-channels/sessions/list",
+        "attach": {"header": "Acp-Attach-Session", "cursorHeader": "Acp-Attach-Cursor"},
+    }
+    assert meta["acp/transport"]["resumable"]["retentionMessages"] == 16384
     async with open_sse(http, server.url, connection_id, **alice) as connection_stream:
         new = rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})
         assert (await post(http, server.url, new, connection_id, **alice)).status_code == 202

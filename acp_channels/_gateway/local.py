@@ -134,19 +134,21 @@ def open_attachment_here(
     host_connection: str,
     session_id: str,
     role: Role,
+    cursor: str | None = None,
 ) -> NewConnection:
     """Open an attachment: connection `connection_id` whose agent is a tap into session
     `session_id` of `host_connection`, hosted here (acp_channels._host.attachments). The caller
     checked that `principal` may attach to it as `role`.
 
     Raises ShuttingDown, NoSuchSession (the connection or the session is not live here),
-    TooManyAttachments, QuotaExceeded, ServerFull."""
+    TooManyAttachments, ReplayUnavailable (`cursor`: not the session's, or what follows it is
+    gone), QuotaExceeded, ServerFull."""
     if lifecycle.draining:
         raise ShuttingDown
     host = registry.get(host_connection)
     if host is None or host.ended.is_set() or host.attached_to is not None or session_id not in host.sessions:
         raise NoSuchSession
-    tap = share(host).attach(session_id, role, principal)
+    tap = share(host).attach(session_id, role, principal, cursor)
     try:
         attachment = registry.create(
             tap.bind,

@@ -14,7 +14,14 @@ from acp_channels._host.tap import ROLES, Role
 from acp_channels._identity import TransportKind
 from acp_channels._worker import bus
 from acp_channels._worker_protocol import AgentFailed, Closed, Open, Opened, OpenRefused, Reply, UnknownConnection
-from acp_channels.errors import AgentClosed, AgentNotStarted, NoSuchSession, ShuttingDown, TooManyAttachments
+from acp_channels.errors import (
+    AgentClosed,
+    AgentNotStarted,
+    NoSuchSession,
+    ReplayUnavailable,
+    ShuttingDown,
+    TooManyAttachments,
+)
 
 
 async def serve_open(op: Open) -> Reply:
@@ -28,6 +35,8 @@ async def serve_open(op: Open) -> Reply:
         return refusal_reply(error)
     except NoSuchSession:
         return UnknownConnection()
+    except ReplayUnavailable as error:
+        return OpenRefused(f"cursor-{error.reason}")
     except AgentNotStarted:
         return AgentFailed()  # logged by open_here
     if op.text is None or op.init_id is None:
@@ -48,12 +57,13 @@ def _open(op: Open) -> NewConnection:
     try:
         attach = json.loads(op.attach)
         host_connection, session_id, role = str(attach["connection"]), str(attach["session"]), attach["role"]
-    except (ValueError, KeyError, TypeError):
+        cursor = attach.get("cursor")
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise NoSuchSession from None
-    if role not in ROLES:
+    if role not in ROLES or not isinstance(cursor, str | None):
         raise NoSuchSession
     return open_attachment_here(
-        transport, op.principal, op.remote_address, op.connection, host_connection, session_id, role_of(role)
+        transport, op.principal, op.remote_address, op.connection, host_connection, session_id, role_of(role), cursor
     )
 
 

@@ -42,6 +42,7 @@ from acp_channels.errors import (
     HostUnreachable,
     LayerUnavailable,
     NoSuchSession,
+    ReplayUnavailable,
     ShuttingDown,
     TooManyAttachments,
     WorkerBusy,
@@ -174,6 +175,9 @@ class PlacedConnection:
             if isinstance(reply, Opened):
                 return reply
             if isinstance(reply, OpenRefused):
+                if reply.reason in ("cursor-gone", "cursor-foreign") and self.attach is not None:
+                    cursor = str(json.loads(self.attach).get("cursor"))
+                    raise ReplayUnavailable("gone" if reply.reason == "cursor-gone" else "foreign", cursor)
                 if self.target is not None:
                     raise open_refusal(reply)
                 runners.refused(runner)

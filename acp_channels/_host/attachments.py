@@ -47,13 +47,16 @@ from acp_channels._host.tap import (
     rpc_error,
 )
 from acp_channels._protocol import Frame, Single
-from acp_channels.errors import AgentClosed, TooManyAttachments
+from acp_channels.errors import AgentClosed, ReplayUnavailable, TooManyAttachments
 
 if TYPE_CHECKING:
     from acp_channels._host.connection import ConnectionHost
 
 logger = logging.getLogger("acp_channels.host")
 
+#: Where a message to an attachment carries its position in the session's stream (the
+#: resumable-transport draft's name; provisional).
+CURSOR_KEY: Final = "acp/cursor"
 #: Permission requests whose outcome a host remembers (to drop late answers).
 RESOLVED_REMEMBERED: Final = 1024
 
@@ -74,14 +77,19 @@ class SharedSessions:
     def count(self) -> int:
         return sum(len(taps) for taps in self.taps.values())
 
-    def attach(self, session_id: str, role: Role, principal: object) -> SessionTap:
-        taps = self.taps.setdefault(session_id, [])
+    def attach(self, session_id: str, role: Role, principal: object, cursor: str | None = None) -> SessionTap:
+        """A new tap into `session_id`, with what the session kept (after `cursor`, a position
+        an earlier attachment was given) queued first. Raises TooManyAttachments,
+        ReplayUnavailable (409: `cursor` is not this session's, or what follows it is gone)."""
+        taps = self.taps.get(session_id, [])
         limit = acp_settings.MAX_ATTACHMENTS_PER_SESSION
         if len(taps) >= limit:
             raise TooManyAttachments(limit)
+        kept = self.kept(session_id, role, cursor)
         self._numbers += 1
         tap = SessionTap(self, session_id, role, self._numbers, principal)
-        taps.append(tap)
+        tap.preload(kept)
+        self.taps.setdefault(session_id, []).append(tap)
         return tap
 
     def detach(self, tap: SessionTap) -> None:
@@ -113,21 +121,29 @@ class SharedSessions:
         }
         return {"jsonrpc": protocol.JSONRPC_VERSION, "id": request_id, "result": result}
 
-    def retained(self, session_id: str, role: Role) -> list[dict[str, Any]]:
-        """What the host still holds of the session's output, in order: its notifications, and
-        the agent's requests nobody answered yet (a controller's to answer); never replies to
-        the host's own client."""
+    def kept(self, session_id: str, role: Role, cursor: str | None = None) -> list[dict[str, Any]]:
+        """What the host still holds of the session's output (after `cursor`), in order, each
+        with its cursor: its notifications, and the agent's requests nobody answered yet (a
+        controller's to answer); never replies to the host's own client."""
+        mailbox = self.host.stream_if_any(session_id)
+        after = 0
+        if cursor is not None:
+            position = protocol.parse_event_id(cursor)
+            if mailbox is None or position is None or position[0] != mailbox.tag:
+                raise ReplayUnavailable("foreign", cursor)
+            mailbox.check_cursor(position[1], cursor)
+            after = position[1]
+        if mailbox is None:
+            return []
         waiting = self.host.sessions.waiting_requests(session_id)
         kept: list[dict[str, Any]] = []
-        for text in _retained_output(self.host, session_id):
+        for seq, text in mailbox.kept_since(after):
             for message in _messages(text):
                 if message.get("method") is None or protocol.message_session_id(message) != session_id:
                     continue
                 request_id = message.get("id")
-                if request_id is None:
-                    kept.append(message)
-                elif role == "controller" and protocol.id_key(request_id) in waiting:
-                    kept.append(message)
+                if request_id is None or (role == "controller" and protocol.id_key(request_id) in waiting):
+                    kept.append(with_cursor(message, protocol.event_id(mailbox.tag, seq)))
         return kept
 
     # -- the agent's output ----------------------------------------------------------------
@@ -162,22 +178,26 @@ class SharedSessions:
             return True
         session_id = protocol.message_session_id(message)
         taps = self.taps.get(session_id) if session_id is not None else None
-        if not taps:
+        if not taps or session_id is None:
             return True
-        if message.get("id") is None:
-            for tap in taps:
-                tap.deliver(message)
-            return True
-        if isinstance(method, str) and method.startswith(CLIENT_SIDE_PREFIXES):
-            owner = self._turn_owner.get(session_id) if session_id is not None else None
+        if message.get("id") is not None and isinstance(method, str) and method.startswith(CLIENT_SIDE_PREFIXES):
+            owner = self._turn_owner.get(session_id)
             if owner is not None:
                 owner.deliver(message)
                 return False
             return True
+        message = with_cursor(message, self._next_cursor(session_id))
         for tap in taps:
-            if tap.role == "controller":
+            if message.get("id") is None or tap.role == "controller":
                 tap.deliver(message)
         return True
+
+    def _next_cursor(self, session_id: str) -> str:
+        """The position the next item of the session's stream gets (the host's own client's
+        stream, where the message goes next: its socket, or the session's SSE stream)."""
+        host = self.host
+        mailbox = host.socket_outbox if host.transport == "websocket" else host.stream(session_id)
+        return protocol.event_id(mailbox.tag, mailbox.next_seq)
 
     def _answer_tap(self, host_id: str, message: dict[str, Any]) -> None:
         number = host_id[len(TAP_ID_PREFIX) :].partition("/")[0]
@@ -319,9 +339,14 @@ def _to_own_client(host: ConnectionHost, session_id: str, message: dict[str, Any
         host.stream(session_id).push(text)
 
 
-def _retained_output(host: ConnectionHost, session_id: str) -> list[str]:
-    mailbox = host.stream_if_any(session_id)
-    return mailbox.retained() if mailbox is not None else []
+def with_cursor(message: dict[str, Any], cursor: str) -> dict[str, Any]:
+    """The message with its position in the session's stream (`params._meta["acp/cursor"]`):
+    an attachment that comes back names the last it got (Acp-Attach-Cursor)."""
+    params = message.get("params")
+    if not isinstance(params, dict):
+        return message
+    meta = params.get("_meta")
+    return {**message, "params": {**params, "_meta": {**(meta if isinstance(meta, dict) else {}), CURSOR_KEY: cursor}}}
 
 
 def held_back(host: ConnectionHost, frame: Frame) -> bool:

@@ -106,9 +106,25 @@ class Mailbox:
             self._budget.release(len(items.popleft()))
             self._head_seq += 1
 
-    def retained(self) -> list[str]:
-        """Everything this stream still holds, in order: its replay window, then what is unread."""
-        return [*self._sent, *self._items]
+    def kept_since(self, after_seq: int = 0) -> list[tuple[int, str]]:
+        """What this stream still holds after item `after_seq`, in order, with each item's
+        number: its replay window, then what is unread."""
+        first = self._head_seq - len(self._sent)
+        kept = [*self._sent, *self._items]
+        skip = max(0, after_seq + 1 - first)
+        return [(first + index, item) for index, item in enumerate(kept) if index >= skip]
+
+    @property
+    def next_seq(self) -> int:
+        """The number the next item pushed will have."""
+        return self._head_seq + len(self._items)
+
+    def check_cursor(self, seq: int, shown: str) -> None:
+        """ReplayUnavailable unless everything after item `seq` is still held."""
+        if seq >= self.next_seq:
+            raise ReplayUnavailable("foreign", shown)
+        if seq < self._head_seq - len(self._sent) - 1:
+            raise ReplayUnavailable("gone", shown)
 
     def close(self) -> None:
         self.closed = True

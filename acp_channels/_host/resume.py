@@ -17,6 +17,8 @@ RESUME_META_KEY: Final = "acp-channels/resume"
 #: Where it says where the principal's sessions are listed: the directory's path, and the
 #: extension method that answers the same on a connection.
 SESSIONS_META_KEY: Final = "acp-channels/sessions"
+#: The resumable-transport draft's `transport` capabilities (provisional).
+TRANSPORT_META_KEY: Final = "acp/transport"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,19 @@ def _directory_path() -> str | None:
         return reverse("acp-sessions")
     except NoReverseMatch:  # a site that routes the endpoint itself, without acp_channels.urls
         return None
+
+
+def resumable() -> dict[str, Any]:
+    """What a stream keeps for a client that comes back (the resumable-transport draft's
+    `transport.resumable`; provisional): its retention in messages and bytes, and how long a
+    connection nobody is attached to lives."""
+    detached: float = acp_settings.DETACHED_SECONDS
+    idle = acp_settings.IDLE_TIMEOUT_SECONDS
+    return {
+        "retentionMessages": acp_settings.REPLAY_WINDOW_EVENTS,
+        "retentionBytes": acp_settings.REPLAY_WINDOW_BYTES,
+        "retentionSeconds": max(detached, idle or 0.0) if idle is not None else None,
+    }
 
 
 def resume_capabilities() -> dict[str, Any]:
@@ -65,7 +80,12 @@ def advertise_server_meta(reply: protocol.Message, connection_id: str | None = N
             # A browser reattaches in the query form, and learns Acp-Received from this message.
             capabilities["receivedNotification"] = protocol.RECEIVED_NOTIFICATION
         meta[RESUME_META_KEY] = capabilities
-        meta[SESSIONS_META_KEY] = {"directory": _directory_path(), "listMethod": SESSIONS_LIST}
+        meta[SESSIONS_META_KEY] = {
+            "directory": _directory_path(),
+            "listMethod": SESSIONS_LIST,
+            "attach": {"header": "Acp-Attach-Session", "cursorHeader": "Acp-Attach-Cursor"},
+        }
+        meta[TRANSPORT_META_KEY] = {"resumable": resumable()}
 
 
 def count_socket_replies(

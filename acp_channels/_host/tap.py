@@ -79,9 +79,10 @@ class SessionTap:
         self._queued_bytes = 0
         self._wakeup = asyncio.Event()
         self._closed = False
-        #: Until its client's initialize, the host's output reaches it through the snapshot of
-        #: what the session retained (taken then), not live: once, in order.
-        self._live = False
+        #: Its client's initialize answered: until then nothing goes out (the answer goes first).
+        self._initialized = False
+        #: Bytes queued past which its client is cut off: its budget, plus what it got at attach.
+        self._allowance = acp_settings.MAX_BUFFERED_BYTES
         self._next_id = 0
         #: The ids its client's requests have at the host's agent -> the client's own ids.
         self._ids: dict[str, Any] = {}
@@ -111,8 +112,8 @@ class SessionTap:
             await self._from_client(message)
 
     async def receive(self) -> Frame | None:
-        while not self._queue:
-            if self._closed:
+        while not self._queue or not self._initialized:
+            if self._closed and (not self._queue or not self._initialized):
                 return None
             self._wakeup.clear()
             await self._wakeup.wait()
@@ -126,16 +127,22 @@ class SessionTap:
 
     # -- from the host ---------------------------------------------------------------------
 
+    def preload(self, messages: list[dict[str, Any]]) -> None:
+        """What the session kept, queued first (at attach, before anything live)."""
+        for message in messages:
+            self.deliver(message)
+        self._allowance += self._queued_bytes
+
     def deliver(self, message: dict[str, Any]) -> None:
         """A message for this tap's client. A client that does not read while the queue holds
         more than its connection's budget is cut off: its attachment ends (attach again)."""
-        if self._closed or not self._live:
+        if self._closed:
             return
         frame = Single(message)
         self._queue.append(frame)
         self._queued_bytes += _size(frame)
         self._wakeup.set()
-        if self._queued_bytes > acp_settings.MAX_BUFFERED_BYTES:
+        if self._queued_bytes > self._allowance:
             logger.info("attachment %s to session %s fell behind: ending it", self.connection_id, self.session_id)
             self._queue.clear()
             self._queued_bytes = 0
@@ -175,10 +182,14 @@ class SessionTap:
         method = message.get("method")
         request_id = message.get("id")
         if method == protocol.INITIALIZE_METHOD and request_id is not None:
-            self._live = True
-            self.deliver(self.shared.initialize_reply(request_id, self))
-            for retained in self.shared.retained(self.session_id, self.role):
-                self.deliver(retained)
+            reply = Single(self.shared.initialize_reply(request_id, self))
+            if self._initialized:
+                self._queue.append(reply)
+            else:  # before what the session kept, queued at attach
+                self._queue.appendleft(reply)
+                self._initialized = True
+            self._queued_bytes += _size(reply)
+            self._wakeup.set()
             return
         if method is None:  # an answer to one of the agent's requests
             if self.role == "controller":

@@ -11,6 +11,8 @@ Section numbers (§N) refer to docs/wire-contract.md, the wire contract we imple
 from __future__ import annotations
 
 from acp_channels._protocol.base import (
+    ATTACH_CURSOR_HEADER,
+    ATTACH_CURSOR_QUERY,
     ATTACH_ROLE_HEADER,
     ATTACH_ROLE_QUERY,
     ATTACH_SESSION_HEADER,
@@ -110,6 +112,8 @@ from acp_channels.errors import SessionHeaderError
 
 __all__ = [
     "ARRAY_PARAMS",
+    "ATTACH_CURSOR_HEADER",
+    "ATTACH_CURSOR_QUERY",
     "ATTACH_ROLE_HEADER",
     "ATTACH_ROLE_QUERY",
     "ATTACH_SESSION_HEADER",

@@ -28,6 +28,8 @@ ATTACH_SESSION_HEADER: Final = "acp-attach-session"
 ATTACH_ROLE_HEADER: Final = "acp-attach-role"
 ATTACH_SESSION_QUERY: Final = "acp_attach_session"
 ATTACH_ROLE_QUERY: Final = "acp_attach_role"
+ATTACH_CURSOR_HEADER: Final = "acp-attach-cursor"
+ATTACH_CURSOR_QUERY: Final = "acp_attach_cursor"
 
 JSONRPC_VERSION: Final = "2.0"
 PARSE_ERROR: Final = -32700
