@@ -230,6 +230,21 @@ async def test_a_prompt_during_a_shared_turn_and_an_observers_prompt_are_refused
     assert not any(message.get("id") in (3, 4) for message in shared.agent.received)
 
 
+async def test_the_agent_goes_on_for_an_attachment_when_the_own_client_is_gone(shared: Session) -> None:
+    """The connection's own client left; another client attached: the host's own streams keep
+    only what fits, and the attachment gets everything."""
+    attachment = await shared.attach()
+    lease = attachment.lease(SESSION)
+    got: list[int] = []
+    for n in range(3000):  # ~400 KB through a 64 KiB budget nobody reads on the host's side
+        shared.agent.say(update(n))
+    async with asyncio.timeout(TIMEOUT):
+        while len(got) < 3000:
+            got += [json.loads(item)["params"]["update"]["n"] for item in await lease.take(TIMEOUT) or []]
+    lease.release()
+    assert got == list(range(3000))
+
+
 async def test_a_client_that_does_not_read_is_cut_off(shared: Session, settings: Any) -> None:
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "MAX_BUFFERED_BYTES": 16 * 1024}
     attachment = await shared.attach()

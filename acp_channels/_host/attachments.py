@@ -388,12 +388,13 @@ def share(host: ConnectionHost) -> SharedSessions:
 
 
 def detached_check(host: ConnectionHost) -> Callable[[], bool] | None:
-    """For the host's streams: whether nobody is attached to the connection now (then a full
-    budget drops the oldest unread output instead of pausing the agent). None (always pause):
-    an attachment, or a site without DETACHED_SECONDS."""
+    """For the host's streams: whether its own client is gone now (no stream read, no socket;
+    other clients get the session through attachments of their own, and do not read these):
+    then a full budget drops the oldest unread output instead of pausing the agent. None
+    (always pause): an attachment, or a site without DETACHED_SECONDS."""
     if host.attached_to is not None or not acp_settings.DETACHED_SECONDS:
         return None
-    return lambda: not host.attachments
+    return lambda: host.attachments == (host.shared.count if host.shared is not None else 0)
 
 
 def kept_detached(host: ConnectionHost, now: float) -> bool:
