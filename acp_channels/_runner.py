@@ -25,6 +25,7 @@ from typing import Any
 
 from acp_channels import _journal
 from acp_channels._conf import acp_settings
+from acp_channels._gateway import opening  # noqa: F401  (serves Open: placements, attachments)
 from acp_channels._host import registry
 from acp_channels._lifecycle import lifecycle
 from acp_channels._worker import WORKER_ID, bus
