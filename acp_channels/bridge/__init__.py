@@ -3,10 +3,12 @@
     acp-bridge https://agents.example.com/acp         # HTTP+SSE
     acp-bridge wss://agents.example.com/acp           # one WebSocket
     ACP_TOKEN=... python -m acp_channels.bridge URL   # the same, with a bearer token
+    acp-bridge --attach SESSION_ID URL                # a live session another client started
 
 Editors launch it where they launch any stdio agent; every frame is relayed unchanged both ways
-(relay.py). Exit status: 0 after stdin closed, 1 when the remote went away or refused, 2 on bad
-usage, 128 + n after signal n. See docs/bridge.md.
+(relay.py); with `--attach` the editor's session is the attached one (attach.py). Exit status:
+0 after stdin closed, 1 when the remote went away or refused, 2 on bad usage, 128 + n after
+signal n. See docs/bridge.md.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -12,6 +13,7 @@ from acp_channels.client import ClientUsageError
 from acp_channels.client._cli import ConnectionOptions, add_connection_arguments, connection_options
 from acp_channels.client._http_client import shown_url
 
+from ._attach import ATTACH_ROLE_HEADER, ATTACH_SESSION_HEADER, ROLES, Attachment
 from ._relay import Bridge, BridgeEnd, log_reconnect
 from ._stdio import StdinLines, StdoutLines
 
@@ -52,6 +54,17 @@ def parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="after stdin closes, how long to wait for answers to requests still pending (default 10)",
     )
+    p.add_argument(
+        "--attach",
+        metavar="SESSION_ID",
+        help="hand the editor this live session, started by another client (its first session/new is "
+        "answered with it); see docs/bridge.md",
+    )
+    p.add_argument(
+        "--role",
+        choices=ROLES,
+        help="with --attach: controller (default: prompts, cancels, answers permissions) or observer (watches)",
+    )
     verbosity = p.add_mutually_exclusive_group()
     verbosity.add_argument("-v", "--verbose", action="store_true", help="log every request of the transport")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="log errors only")
@@ -71,7 +84,28 @@ def _configure_logging(verbose: bool, quiet: bool) -> None:
         named.propagate = False
 
 
-async def _serve(options: ConnectionOptions, max_message_size: int, drain_timeout: float) -> int:
+def _attachment(args: argparse.Namespace, options: ConnectionOptions) -> Attachment | None:
+    """The `--attach` asked for (ClientUsageError for options that do not go with it)."""
+    if args.attach is None:
+        if args.role is not None:
+            raise ClientUsageError("--role goes with --attach")
+        return None
+    if options.restart:
+        raise ClientUsageError("--restart and --attach do not go together (a restart would start a new agent)")
+    named = {name.lower() for name in options.headers}
+    if {ATTACH_SESSION_HEADER.lower(), ATTACH_ROLE_HEADER.lower()} & named:
+        raise ClientUsageError(f"give --attach or an {ATTACH_SESSION_HEADER} header (-H), not both")
+    try:
+        return Attachment(args.attach, args.role or "controller")
+    except ValueError as exc:
+        raise ClientUsageError(str(exc)) from None
+
+
+async def _serve(
+    options: ConnectionOptions, max_message_size: int, drain_timeout: float, attach: Attachment | None
+) -> int:
+    if attach is not None:  # on the initialize POST or the upgrade; the server reads them nowhere else
+        options = dataclasses.replace(options, headers={**options.headers, **attach.headers()})
     client = options.client(max_message_size=max(max_message_size, RECEIVE_LIMIT), on_reconnect=log_reconnect)
     sink = StdoutLines()
     bridge = Bridge(
@@ -80,12 +114,15 @@ async def _serve(options: ConnectionOptions, max_message_size: int, drain_timeou
         sink,
         drain_timeout=drain_timeout,
         close_timeout=min(options.timeout, 10.0) if options.timeout else 10.0,
+        attach=attach,
     )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, bridge.interrupt, signum)
     shape = "HTTP+SSE" if client.kind == "http" else "WebSocket"
     logger.info("relaying stdio to %s (%s)", shown_url(client.url), shape)
+    if attach is not None:
+        logger.info("attaching to session %s as %s", attach.session_id, attach.role)
     try:
         end = await bridge.run()
     finally:
@@ -106,12 +143,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ClientUsageError("--max-message-size must be positive")
         if args.drain_timeout < 0:
             raise ClientUsageError("--drain-timeout must not be negative")
+        attach = _attachment(args, options)
     except ClientUsageError as exc:
         print(f"acp-bridge: {exc}", file=sys.stderr)
         return 2
     for warning in options.warnings:
         logger.warning("warning: %s", warning)
-    return asyncio.run(_serve(options, args.max_message_size, args.drain_timeout))
+    return asyncio.run(_serve(options, args.max_message_size, args.drain_timeout, attach))
 
 
 if __name__ == "__main__":

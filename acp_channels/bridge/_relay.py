@@ -32,6 +32,7 @@ from acp_channels._protocol import Malformed
 from acp_channels.client import ClientUsageError, HttpClient, ReconnectEvent, TransportError
 from acp_channels.client._base import FrameValue, response_only
 
+from ._attach import HELD_BYTES_LIMIT, Attachment, LocalAnswer, open_session_stream
 from ._stdio import LineSink, LineSource, LineTooLong
 
 __all__ = ["BRIDGE_ERROR", "Bridge", "BridgeEnd", "log_reconnect"]
@@ -39,7 +40,8 @@ __all__ = ["BRIDGE_ERROR", "Bridge", "BridgeEnd", "log_reconnect"]
 logger = logging.getLogger("acp_channels.bridge")
 
 #: The JSON-RPC error code of answers the bridge writes itself (internal error); `data.acpBridge`
-#: says why: "remote-lost", "interrupted", "stdin-closed" or "refused".
+#: says why: "remote-lost", "interrupted", "stdin-closed", "refused", and with `--attach`
+#: "attach-refused" and "attached" (_attach.py).
 BRIDGE_ERROR: Final = protocol.INTERNAL_ERROR
 #: Bytes read from stdin and not yet handed to the transport, before reading pauses.
 _QUEUED_BYTES_LIMIT: Final = 64 * 1024 * 1024
@@ -61,6 +63,8 @@ class _Outgoing:
     value: FrameValue
     text: str
     request_ids: list[Any]
+    #: With `--attach`: answered by the bridge (or a handover done) before `value` is sent, if at all.
+    local: LocalAnswer | None = None
 
 
 class _PendingRequests:
@@ -78,15 +82,18 @@ class _PendingRequests:
         self._ids.setdefault(protocol.id_key(request_id), collections.deque()).append(request_id)
         self.empty.clear()
 
-    def answered(self, request_id: Any) -> None:
+    def answered(self, request_id: Any) -> bool:
+        """Mark one request of that id answered; False when none was pending (answered already)."""
         key = protocol.id_key(request_id)
         ids = self._ids.get(key)
-        if ids:
-            ids.popleft()
-            if not ids:
-                del self._ids[key]
-                if not self._ids:
-                    self.empty.set()
+        if not ids:
+            return False
+        ids.popleft()
+        if not ids:
+            del self._ids[key]
+            if not self._ids:
+                self.empty.set()
+        return True
 
     def take_all(self) -> list[Any]:
         taken = [request_id for ids in self._ids.values() for request_id in ids]
@@ -123,8 +130,10 @@ class Bridge:
         *,
         drain_timeout: float = 10.0,
         close_timeout: float = 10.0,
+        attach: Attachment | None = None,
     ) -> None:
         self.client = client
+        self.attach = attach
         self._source = source
         self._sink = sink
         self._drain_timeout = drain_timeout
@@ -188,9 +197,12 @@ class Bridge:
             count = len(self._pending)
             reason = str(self.failure) if self.failure is not None else "the connection ended"
             what = "remote connection lost" if self._connected else "could not connect"
+            message, why = f"acp-bridge: {what}: {reason}", "remote-lost"
+            if self.attach is not None and (refused := self.attach.refused_message(self.failure, self._connected)):
+                message, why = refused, "attach-refused"
             answered = f" ({count} pending requests answered with an error)" if count else ""
-            logger.error("%s: %s%s", what, reason, answered)
-            await self._answer_pending(f"acp-bridge: {what}: {reason}", "remote-lost")
+            logger.error("%s%s", message.removeprefix("acp-bridge: "), answered)
+            await self._answer_pending(message, why)
             await self._close()
             return BridgeEnd.REMOTE_LOST
         await self._answer_pending("acp-bridge: stdin was closed before the remote answered", "stdin-closed")
@@ -249,6 +261,11 @@ class Bridge:
             return
         value: FrameValue = protocol.frame_value(frame)
         request_ids = _requests(frame)
+        local = self.attach.from_editor(frame) if self.attach is not None else None
+        if isinstance(local, str):  # something an attached bridge does not do: refused, nothing sent
+            for request_id in request_ids:
+                await self._write_value(_bridge_error(request_id, local, "attached"))
+            return
         for request_id in request_ids:
             self._pending.add(request_id)
         response_lane = len(self._lanes) > 1 and not request_ids and response_only(value)
@@ -257,13 +274,16 @@ class Bridge:
         if self._queued_bytes > _QUEUED_BYTES_LIMIT:
             self._room.clear()
         self._idle.clear()
-        self._lanes[1 if response_lane else 0].put_nowait(_Outgoing(value, text, request_ids))
+        self._lanes[1 if response_lane else 0].put_nowait(_Outgoing(value, text, request_ids, local))
 
     async def _send_lane(self, lane: asyncio.Queue[_Outgoing | None]) -> None:
         while (item := await lane.get()) is not None:
             self._sending += 1
             try:
-                await self.client.send(item.value, raw=item.text)
+                if item.local is None:
+                    await self.client.send(item.value, raw=item.text)
+                elif await self._answer_locally(item.local, item.request_ids) and item.local.handover_only:
+                    await self.client.send(item.value, raw=item.text)
             except ClientUsageError as exc:
                 # Refused before sending (e.g. a call before `initialize` over HTTP): answered here.
                 await self._refuse(item.request_ids, str(exc))
@@ -278,10 +298,32 @@ class Bridge:
                 if self._sending == 0 and all(queue.empty() for queue in self._lanes):
                     self._idle.set()
 
+    async def _answer_locally(self, local: LocalAnswer, request_ids: list[Any]) -> bool:
+        """`--attach`: once the attachment is open, answer `local` and hand the editor the session
+        (what was held for it, then the session's stream). False: no attachment (answered so)."""
+        attach = self.attach
+        assert attach is not None
+        if not attach.initialize_sent:
+            raise ClientUsageError("the first message must be `initialize` (it opens the attachment)")
+        await _first_of(attach.settled, self._remote_lost, self._interrupted)
+        if self._remote_lost.is_set() or self._interrupted.is_set() or not attach.settled.is_set():
+            return False  # the end answers it
+        if not attach.attached:
+            raise ClientUsageError(f"not attached: {attach.refusal}")
+        async with attach.lock:
+            if local.request_id is not None and self._pending.answered(local.request_id):
+                await self._write_value({"jsonrpc": "2.0", "id": local.request_id, "result": local.result})
+            if not attach.handed_over.is_set():
+                for text in attach.take_held():
+                    await self._write(text)
+                attach.handed_over.set()
+        await open_session_stream(self.client, attach.session_id)
+        return True
+
     async def _refuse(self, request_ids: list[Any], reason: str) -> None:
         for request_id in request_ids:
-            self._pending.answered(request_id)
-            await self._write_value(_bridge_error(request_id, f"acp-bridge: {reason}", "refused"))
+            if self._pending.answered(request_id):
+                await self._write_value(_bridge_error(request_id, f"acp-bridge: {reason}", "refused"))
         if not request_ids:
             logger.warning("dropped a message the transport refused: %s", reason)
 
@@ -301,7 +343,39 @@ class Bridge:
                 logger.info("connected: connection %s", self.client.connection_id or "(the server named none)")
             for request_id in _responses(raw.value):
                 self._pending.answered(request_id)
+            if self.attach is not None and not await self._from_attached_session(raw.value, _one_line(raw.text)):
+                continue
             await self._write(_one_line(raw.text))
+
+    async def _from_attached_session(self, value: FrameValue, text: str) -> bool:
+        """`--attach`: False when the bridge took care of a frame from the remote (held until the
+        editor has the session, answered otherwise, or the end of the session)."""
+        attach = self.attach
+        assert attach is not None
+        if attach.is_initialize_reply(value):
+            assert isinstance(value, dict)
+            if (instead := attach.initialize_reply(value)) is not None:
+                await self._write_value(_bridge_error(value.get("id"), instead, "attach-refused"))
+                self._lose_remote(TransportError(attach.refusal or instead))
+            else:
+                await self._write(text)
+            attach.settled.set()  # after the editor has the answer: a session/new is answered after it
+            return False
+        if (ended := attach.terminated(value)) is not None:
+            if attach.handed_over.is_set():
+                await self._write(text)
+            self._lose_remote(TransportError(ended))
+            return False
+        if not attach.holds(value):
+            return True
+        async with attach.lock:
+            if attach.handed_over.is_set():
+                await self._write(text)  # handed over meanwhile: after what was held
+                return False
+            attach.hold(text)
+        if attach.held_bytes > HELD_BYTES_LIMIT:  # stop reading until the editor takes the session
+            await _first_of(attach.handed_over, self._remote_lost, self._interrupted)
+        return False
 
     async def _write_value(self, value: Any) -> None:
         await self._write(protocol.dumps(value))
