@@ -8,6 +8,13 @@
 //   const { sessionId } = await client.newSession();
 //   const { stopReason } = await client.prompt(sessionId, "hello");
 //
+// Attaching to a live session (another tab's, another device's) and listing them:
+//
+//   const { sessions } = await fetchDirectory({ url: "/acp", token });
+//   const attached = new AcpClient({ url: "/acp", token, attachSession: sessions[0].sessionId });
+//   attached.addEventListener("turnended", (event) => showEnd(event.detail.stopReason));
+//   await attached.connect();   // then the session's retained output arrives, then live
+//
 // The API, its events and what it does on the wire: docs/browser.md.
 
 /** The ACP protocol version this client speaks. */
@@ -21,8 +28,38 @@ export const DEFAULT_MAX_SESSION_STREAMS = 4;
  * again after a reattach): beyond this many the oldest are let go. */
 export const MAX_UNCONFIRMED_MESSAGES = 1024;
 
+// Shared sessions (docs/shared-sessions.md; the server's names are provisional).
+/** Where an attachment's `initialize` result says what it is attached to, in `_meta`. */
+export const ATTACHMENT_META_KEY = "acp-channels/attachment";
+/** Where the `initialize` result says where the principal's live sessions are listed. */
+export const SESSIONS_META_KEY = "acp-channels/sessions";
+/** To a session's other clients: a turn another client prompted ended. */
+export const TURN_ENDED_METHOD = "_acp-channels/session/turn_ended";
+/** To a session's other clients: a permission request was answered (by another client, or the server). */
+export const PERMISSION_RESOLVED_METHOD = "_acp-channels/session/permission_resolved";
+/** To an attachment: the connection hosting its session ended (terminated); its streams end next. */
+export const TERMINATED_METHOD = "_acp-channels/session/terminated";
+/** JSON-RPC error: an observer may not send to the agent. */
+export const OBSERVER_REFUSED = -32011;
+/** JSON-RPC error: a prompt while a turn runs on a shared session (another client's, or ours). */
+export const TURN_RUNNING = -32012;
+/** JSON-RPC error: an attachment carries its one session only. */
+export const NOT_THIS_SESSION = -32013;
+
 /**
  * @typedef {"websocket" | "http"} Transport
+ * @typedef {"controller" | "observer"} AttachRole
+ * @typedef {{ sessionId: string, connectionId: string, role: AttachRole, turnRunning: boolean }} Attachment
+ *   what an attachment's initialize result says it is attached to (`turnRunning`: when it attached)
+ * @typedef {{ sessionId: string, connectionId: string, principal: string, agent?: string, created: string,
+ *             lastActivity: string, turnRunning: boolean, pendingPermissions: number, attachments: number }} DirectorySession
+ * @typedef {{ sessions: DirectorySession[], connections: any[], complete: boolean }} Directory
+ *   `GET <endpoint>/sessions`: the caller's live sessions, most recently active first
+ * @typedef {object} DirectoryOptions
+ * @property {string} [url] the endpoint (default "/acp"); the directory is `<endpoint>/sessions`
+ * @property {string | null} [directoryUrl] the directory's own URL, when it is elsewhere
+ * @property {string} [token] a bearer token (else the site's cookies, same origin)
+ * @property {RequestCredentials} [credentials] fetch's credentials mode (default "same-origin")
  * @typedef {"idle" | "connecting" | "connected" | "reconnecting" | "closed"} ConnectionState
  * @typedef {"origin" | "auth" | "unreachable" | "http" | "rpc" | "closed" | "lost"} ErrorKind
  * @typedef {{ jsonrpc: "2.0", id?: number | string | null, method?: string, params?: any,
@@ -48,6 +85,12 @@ export const MAX_UNCONFIRMED_MESSAGES = 1024;
  * @property {number} [reconnectForMs] how long to keep trying after a drop (default 30000)
  * @property {Storage | null} [storage] where the connection is remembered across a page reload
  *   (default: sessionStorage; null: nowhere)
+ * @property {string} [attachSession] attach to this live session (the caller's own, from the
+ *   directory) instead of starting an agent: the connection carries that session only
+ * @property {AttachRole} [attachRole] "controller" (default: prompts, answers permission requests)
+ *   or "observer" (sees what the others see, sends nothing to the agent)
+ * @property {string | null} [directoryUrl] the session directory's URL (default: the one the
+ *   server advertises, else `<url>/sessions`)
  */
 
 /** An error the client reports: `kind` says what went wrong in words a page can show. */
@@ -76,7 +119,11 @@ export class AcpError extends Error {
  * - `request`: `{ id, method, params, sessionId }` for each request the agent sends
  *   (`session/request_permission`, `fs/*`, ...): answer it with `respond` or `respondError`;
  * - `message`: `{ message }` for every message the agent sends, before the events above;
- * - `error`: `{ error, sessionId? }` for problems that do not end the connection.
+ * - `error`: `{ error, sessionId? }` for problems that do not end the connection;
+ * - on a shared session (docs/shared-sessions.md): `turnended` `{ sessionId, stopReason }` (a turn
+ *   another client prompted ended), `permissionresolved` `{ sessionId, requestId, outcome }` (a
+ *   permission request this client was asked was answered elsewhere: withdraw it), `terminated`
+ *   `{ sessionId, connectionId }` (the session's connection ended; an attachment then closes).
  */
 export class AcpClient extends EventTarget {
   /** @param {AcpClientOptions} [options] */
@@ -95,7 +142,15 @@ export class AcpClient extends EventTarget {
     this.sliceMs = options.sliceMs ?? 1000;
     this.reconnectForMs = options.reconnectForMs ?? 30000;
     this.storage = options.storage === undefined ? globalThis.sessionStorage ?? null : options.storage;
-    this.storageKey = `acp-client ${this.transport} ${this.url}`;
+    /** @type {string | null} the session this client attaches to (null: a connection of its own) */
+    this.attachSession = options.attachSession || null;
+    /** @type {AttachRole} */
+    this.attachRole = options.attachRole ?? "controller";
+    if (this.attachRole !== "controller" && this.attachRole !== "observer") {
+      throw new AcpError(`unknown attach role ${JSON.stringify(this.attachRole)}`);
+    }
+    this.directoryUrl = options.directoryUrl ?? null;
+    this.storageKey = `acp-client ${this.transport} ${this.url}${this.attachSession ? ` attach ${this.attachRole} ${this.attachSession}` : ""}`;
     /** @type {number} */
     this.maxSessionStreams = options.maxSessionStreams ?? DEFAULT_MAX_SESSION_STREAMS;
     this.#explicitMaxStreams = options.maxSessionStreams !== undefined;
@@ -118,6 +173,29 @@ export class AcpClient extends EventTarget {
   #failing = new Set();
   /** @type {number | null} when the current outage started */
   #outageSince = null;
+
+  /**
+   * What this attachment is attached to (the initialize result's `_meta`), null for a connection
+   * of its own. `turnRunning` is as it was when it attached: `turnended` says when that turn ends.
+   * @returns {Attachment | null}
+   */
+  get attachment() {
+    return this.initializeResult?._meta?.[ATTACHMENT_META_KEY] ?? null;
+  }
+
+  /**
+   * The caller's live sessions, across the server's workers (`GET <endpoint>/sessions`, with
+   * this client's credentials). Needs no connection: call it before `connect()` too.
+   * @returns {Promise<Directory>}
+   */
+  directory() {
+    const advertised = this.initializeResult?._meta?.[SESSIONS_META_KEY];
+    if (advertised && advertised.directory === null && !this.directoryUrl) {
+      return Promise.reject(new AcpError("this server lists no sessions (its endpoint is routed without acp_channels.urls)", { kind: "http", status: 404 }));
+    }
+    const directoryUrl = this.directoryUrl ?? (typeof advertised?.directory === "string" ? new URL(advertised.directory, this.url).href : null);
+    return fetchDirectory({ url: this.url, directoryUrl, token: this.token ?? undefined, credentials: this.credentials });
+  }
 
   // ---------------------------------------------------------------- public API
 
@@ -287,6 +365,14 @@ export class AcpClient extends EventTarget {
           this.dispatchEvent(new CustomEvent("request", { detail: { id: message.id, method: message.method, params: message.params, sessionId } }));
         } else if (message.method === "session/update" && sessionId !== null) {
           this.dispatchEvent(new CustomEvent("update", { detail: { sessionId, update: message.params.update } }));
+        } else if (message.method === TURN_ENDED_METHOD && sessionId !== null) {
+          this.dispatchEvent(new CustomEvent("turnended", { detail: { sessionId, stopReason: message.params.stopReason } }));
+        } else if (message.method === PERMISSION_RESOLVED_METHOD && sessionId !== null) {
+          const { requestId, outcome } = message.params;
+          this.dispatchEvent(new CustomEvent("permissionresolved", { detail: { sessionId, requestId, outcome } }));
+        } else if (message.method === TERMINATED_METHOD && sessionId !== null) {
+          this.dispatchEvent(new CustomEvent("terminated", { detail: { sessionId, connectionId: message.params.connectionId ?? null } }));
+          if (sessionId === this.attachSession) this.#terminated(sessionId);
         }
       } else if (message.id !== undefined && message.id !== null) {
         this.#confirmedBy(String(message.id));
@@ -299,6 +385,15 @@ export class AcpClient extends EventTarget {
         this.dispatchEvent(new CustomEvent("error", { detail: { error: new AcpError(message.error.message, { kind: "rpc", code: message.error.code }) } }));
       }
     }
+  }
+
+  /** The connection hosting the attached session ended: so does this attachment (its streams
+   * end next). @param {string} sessionId */
+  #terminated(sessionId) {
+    this.#closing = true;
+    this.#forget();
+    this.#socket?.close(1000, "the session ended");
+    this.#end(new AcpError(`the session ${sessionId} ended: its connection was terminated`, { kind: "closed" }));
   }
 
   /** @param {string} id @param {any} result @param {Error | null} error */
@@ -470,15 +565,25 @@ export class AcpClient extends EventTarget {
   #rotationTimer = undefined;
   /** @type {Promise<unknown>} call POSTs go one at a time, in order (docs/wire-contract.md, section 11) */
   #postChain = Promise.resolve();
+  /** whether an attachment's session holds its stream for good */
+  #pinned = false;
 
   async #initializeOverHttp() {
     const id = this.#takeId();
+    /** @type {Record<string, string>} */
+    const headers = { "Content-Type": "application/json" };
+    if (this.attachSession) {
+      headers["Acp-Attach-Session"] = this.attachSession;
+      headers["Acp-Attach-Role"] = this.attachRole;
+    }
     const response = await this.#fetch({
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers,
       body: JSON.stringify({ jsonrpc: "2.0", id, method: "initialize", params: this.#initializeParams() }),
     });
-    if (response.status !== 200) throw await httpError(response, "initialize", Boolean(this.token));
+    if (response.status !== 200) {
+      throw await httpError(response, this.attachSession ? `attaching to session ${this.attachSession}` : "initialize", Boolean(this.token));
+    }
     const reply = await response.json();
     const message = Array.isArray(reply) ? reply.find((entry) => String(entry.id) === String(id)) : reply;
     if (message?.error) throw new AcpError(`initialize failed: ${message.error.message}`, { kind: "rpc", code: message.error.code });
@@ -491,6 +596,15 @@ export class AcpClient extends EventTarget {
     this.#detectMultiplexing();
     this.#save();
     await this.#startStream("");
+    this.#pinAttachedSession();
+  }
+
+  /** An attachment's session stream carries everything it is for: open it and keep it open. */
+  #pinAttachedSession() {
+    if (this.attachSession && !this.#pinned) {
+      this.#pinned = true;
+      this.#sessionWants(this.attachSession, +1);
+    }
   }
 
   async #resumeHttp() {
@@ -502,6 +616,7 @@ export class AcpClient extends EventTarget {
       throw error;
     }
     this.#detectMultiplexing();
+    this.#pinAttachedSession();
     return true;
   }
 
@@ -782,6 +897,7 @@ export class AcpClient extends EventTarget {
    */
   #openSocket(query = "") {
     const protocols = this.token ? ["acp", `acp.bearer.${this.token}`] : ["acp"];
+    const attaching = query.startsWith("?acp_attach_session=");
     return new Promise((resolve, reject) => {
       let socket;
       try {
@@ -792,7 +908,10 @@ export class AcpClient extends EventTarget {
       }
       const refused = async () => {
         // A browser sees neither the refusal's status nor its body: ask over HTTP why.
-        reject((await this.diagnose()) ?? new AcpError("the server refused the WebSocket", { kind: "http" }));
+        const why = attaching
+          ? `the server refused to attach to session ${this.attachSession}: it ended, is not yours, or has too many clients attached`
+          : "the server refused the WebSocket";
+        reject((await this.diagnose()) ?? new AcpError(why, { kind: "http" }));
       };
       socket.addEventListener("open", () => {
         socket.removeEventListener("close", refused);
@@ -923,8 +1042,15 @@ export class AcpClient extends EventTarget {
     return `?acp_connection_id=${encodeURIComponent(this.connectionId ?? "")}&last_event_id=${this.#received}`;
   }
 
+  /** The upgrade's query for an attachment (a browser sets no headers on a WebSocket). */
+  #attachQuery() {
+    if (!this.attachSession) return "";
+    const role = this.attachRole === "observer" ? "&acp_attach_role=observer" : "";
+    return `?acp_attach_session=${encodeURIComponent(this.attachSession)}${role}`;
+  }
+
   async #initializeOverSocket() {
-    const socket = await this.#openSocket();
+    const socket = await this.#openSocket(this.#attachQuery());
     this.#attachSocket(socket);
     const result = await this.request("initialize", this.#initializeParams());
     this.initializeResult = result;
@@ -955,6 +1081,40 @@ export class AcpClient extends EventTarget {
     if (socket && socket.readyState === WebSocket.OPEN && this.#awaitingReceived !== socket) this.#sendNumbered(socket, outgoing);
     else this.#outbox.push(outgoing); // reconnecting: sent after the reattach (and what it resends), in order
   }
+}
+
+/**
+ * The caller's live sessions (`GET <endpoint>/sessions`): most recently active first, each with
+ * its connection, whether a turn runs, permission requests waiting and clients attached. An
+ * anonymous caller gets none (give a token or log in). Needs no connection.
+ * @param {DirectoryOptions} [options]
+ * @returns {Promise<Directory>}
+ */
+export async function fetchDirectory(options = {}) {
+  const endpoint = new URL(options.url ?? "/acp", globalThis.location?.href);
+  let target;
+  if (options.directoryUrl) {
+    target = new URL(options.directoryUrl, endpoint).href;
+  } else {
+    const directory = new URL(endpoint.href);
+    directory.pathname = `${directory.pathname.replace(/\/+$/, "")}/sessions`;
+    directory.search = "";
+    directory.hash = "";
+    target = directory.href;
+  }
+  let response;
+  try {
+    response = await fetch(target, {
+      headers: { Accept: "application/json", ...(options.token ? { Authorization: `Bearer ${options.token}` } : {}) },
+      credentials: options.credentials ?? "same-origin",
+      cache: "no-store",
+    });
+  } catch (/** @type {any} */ error) {
+    throw new AcpError(`cannot reach the session directory at ${target}: ${error?.message ?? error}`, { kind: "unreachable" });
+  }
+  if (response.status !== 200) throw await httpError(response, `the session directory (${target})`, Boolean(options.token));
+  const body = await response.json();
+  return { sessions: body.sessions ?? [], connections: body.connections ?? [], complete: body.complete !== false };
 }
 
 /** @param {Response} response @param {string} what @param {boolean} [withToken] */

@@ -1,8 +1,9 @@
 // The demo page: a small ACP client on top of acp-client.js (connect, several sessions side by
 // side, prompts, streamed messages, tool calls, plans, permission requests, cancel, list and
-// load). Everything the agent sends is shown through textContent or the safe Markdown renderer.
+// load; the server's directory of live sessions, and attaching to one another tab or device
+// runs). Everything the agent sends is shown through textContent or the safe Markdown renderer.
 
-import { AcpClient } from "/static/acp_channels/acp-client.js";
+import { AcpClient, OBSERVER_REFUSED, TURN_RUNNING, fetchDirectory } from "/static/acp_channels/acp-client.js";
 import { renderMarkdown } from "/static/demo/markdown.js";
 
 const FORM_KEY = "acp-demo form";
@@ -14,17 +15,25 @@ const tokenInput = /** @type {HTMLInputElement} */ ($("#token"));
 const stateView = $("#state");
 const sessionsView = $("#sessions");
 const sessionList = $("#session-list");
+const directoryView = $("#directory");
+const directoryItems = $("#directory-items");
+const directoryStatus = $("#directory-status");
 const buttons = {
   connect: /** @type {HTMLButtonElement} */ ($("#connect-button")),
   disconnect: /** @type {HTMLButtonElement} */ ($("#disconnect-button")),
   newSession: /** @type {HTMLButtonElement} */ ($("#new-session")),
   listSessions: /** @type {HTMLButtonElement} */ ($("#list-sessions")),
+  directory: /** @type {HTMLButtonElement} */ ($("#directory-button")),
+  refreshDirectory: /** @type {HTMLButtonElement} */ ($("#refresh-directory")),
 };
+const CLIENT_INFO = { name: "acp-channels-demo-page", title: "ACP demo client", version: "0.1.0" };
 
-/** @type {AcpClient | null} */
+/** @type {AcpClient | null} this tab's own connection (the form's Connect) */
 let client = null;
-/** @type {Map<string, SessionPane>} */
+/** @type {Map<string, SessionPane>} every pane, by session: this tab's connection's, or an attachment's */
 const panes = new Map();
+/** @type {import("/static/acp_channels/acp-client.js").Directory | null} the directory last fetched */
+let directory = null;
 
 const STATE_TEXT = {
   idle: "not connected",
@@ -81,27 +90,61 @@ function showState(state, detail = "") {
   buttons.listSessions.disabled = !connected;
   buttons.disconnect.disabled = !(connected || state === "connecting");
   buttons.connect.disabled = connected || state === "connecting";
-  for (const pane of panes.values()) pane.setConnected(connected);
+  for (const pane of panes.values()) if (pane.client === client) pane.setConnected(connected);
+}
+
+/** The endpoint the form names, or null (and the error shown). */
+function endpoint() {
+  try {
+    return new URL(serverInput.value, location.href).href;
+  } catch {
+    showError(`not a URL: ${serverInput.value}`);
+    return null;
+  }
+}
+
+/** The pane showing `sessionId` for `from` (a pane belongs to one client). @param {AcpClient} from @param {string | null} sessionId */
+function paneOf(from, sessionId) {
+  const pane = sessionId ? panes.get(sessionId) : undefined;
+  return pane && pane.client === from ? pane : null;
+}
+
+/** Route what a client (this tab's connection, or an attachment) says to its panes. @param {AcpClient} from */
+function listen(from) {
+  /** @param {Event} event */
+  const detail = (event) => /** @type {CustomEvent} */ (event).detail;
+  from.addEventListener("update", (event) => paneOf(from, detail(event).sessionId)?.update(detail(event).update));
+  from.addEventListener("request", (event) => onAgentRequest(from, detail(event)));
+  from.addEventListener("turnended", (event) => paneOf(from, detail(event).sessionId)?.turnEnded(detail(event).stopReason));
+  from.addEventListener("permissionresolved", (event) => {
+    const { sessionId, requestId, outcome } = detail(event);
+    paneOf(from, sessionId)?.permissionResolved(requestId, outcome);
+  });
+  from.addEventListener("error", (event) => {
+    const { error, sessionId } = detail(event);
+    const pane = paneOf(from, sessionId);
+    if (pane) pane.note(error.message, true);
+    else showError(error.message);
+  });
 }
 
 async function connect() {
   clearError();
-  if (client) await client.close();
-  for (const pane of panes.values()) pane.remove();
-  panes.clear();
-  sessionList.hidden = true;
-  let url;
-  try {
-    url = new URL(serverInput.value, location.href).href;
-  } catch {
-    showError(`not a URL: ${serverInput.value}`);
-    return;
+  const previous = client;
+  if (previous) await previous.close();
+  for (const [sessionId, pane] of panes) {
+    if (pane.attached) continue; // attachments are connections of their own: they stay
+    pane.remove();
+    panes.delete(sessionId);
   }
+  sessionList.hidden = true;
+  const url = endpoint();
+  if (url === null) return;
   const next = new AcpClient({
     url,
     transport: /** @type {"websocket" | "http"} */ (transport()),
     token: tokenInput.value.trim() || undefined,
-    clientInfo: { name: "acp-channels-demo-page", title: "ACP demo client", version: "0.1.0" },
+    clientInfo: CLIENT_INFO,
   });
   client = next;
   next.addEventListener("state", (event) => {
@@ -111,17 +154,7 @@ async function connect() {
     if (error) showError(error.message);
     if (state === "closed") saveForm(false);
   });
-  next.addEventListener("update", (event) => {
-    const { sessionId, update } = /** @type {CustomEvent} */ (event).detail;
-    panes.get(sessionId)?.update(update);
-  });
-  next.addEventListener("request", (event) => onAgentRequest(next, /** @type {CustomEvent} */ (event).detail));
-  next.addEventListener("error", (event) => {
-    const { error, sessionId } = /** @type {CustomEvent} */ (event).detail;
-    const pane = sessionId ? panes.get(sessionId) : null;
-    if (pane) pane.note(error.message, true);
-    else showError(error.message);
-  });
+  listen(next);
   saveForm(true);
   try {
     await next.connect();
@@ -135,11 +168,18 @@ async function connect() {
 
 /** @param {AcpClient} from @param {{ id: number | string, method: string, params: any, sessionId: string | null }} request */
 function onAgentRequest(from, request) {
-  const pane = request.sessionId ? panes.get(request.sessionId) : null;
+  const pane = paneOf(from, request.sessionId);
   if (request.method === "session/request_permission") {
-    // No pane for its session (a request from before a reload): nobody can answer, so "cancelled".
-    if (pane) pane.permission(request);
-    else from.respond(request.id, { outcome: { outcome: "cancelled" } }).catch(() => undefined);
+    if (pane) {
+      pane.permission(request);
+    } else if (from === client && request.sessionId && !panes.has(request.sessionId)) {
+      // A session of this connection without a pane (closed, or from before a reload): show it,
+      // so someone can answer (answering "cancelled" here would win the race against another
+      // client of a shared session that can).
+      openPane(request.sessionId).permission(request);
+    } else {
+      from.respond(request.id, { outcome: { outcome: "cancelled" } }).catch(() => undefined);
+    }
     return;
   }
   // The page advertises no fs and no terminal: anything else is not supported here.
@@ -220,12 +260,133 @@ async function loadSession(sessionId) {
   }
 }
 
-/** @param {string} sessionId */
-function openPane(sessionId) {
-  const pane = new SessionPane(sessionId);
+/**
+ * @param {string} sessionId
+ * @param {AcpClient | null} [owner] the client it belongs to (default: this tab's connection)
+ * @param {"controller" | "observer" | null} [role] for an attachment: its role
+ */
+function openPane(sessionId, owner = client, role = null) {
+  const pane = new SessionPane(sessionId, owner, role);
   panes.set(sessionId, pane);
   sessionsView.append(pane.element);
+  renderDirectory();
   return pane;
+}
+
+// ------------------------------------------------------------------ live sessions: the directory
+
+/** Fetch the server's directory of this principal's live sessions and show it. */
+async function refreshDirectory() {
+  directoryView.hidden = false;
+  buttons.refreshDirectory.disabled = true;
+  directoryStatus.textContent = "loading…";
+  directoryStatus.classList.remove("bad");
+  try {
+    const url = endpoint();
+    if (url === null) return;
+    // This tab's connection knows where the server lists sessions; without one, `<endpoint>/sessions`.
+    const token = tokenInput.value.trim() || undefined;
+    directory = client && client.url === url && client.token === (token ?? null) && client.state !== "closed"
+      ? await client.directory()
+      : await fetchDirectory({ url, token });
+    renderDirectory();
+  } catch (error) {
+    directory = null;
+    directoryItems.replaceChildren();
+    directoryStatus.textContent = `the directory failed: ${error.message}`;
+    directoryStatus.classList.add("bad");
+  } finally {
+    buttons.refreshDirectory.disabled = false;
+  }
+}
+
+function renderDirectory() {
+  if (!directory) return;
+  const { sessions, complete } = directory;
+  directoryStatus.textContent = sessions.length
+    ? `${sessions.length} live session${sessions.length === 1 ? "" : "s"}, most recently active first${complete ? "" : " (some workers did not answer: the list is incomplete)"}`
+    : "No live sessions. The server lists your own sessions only: without a token or a login it lists none.";
+  directoryItems.replaceChildren(
+    ...sessions.map((info) => {
+      const item = document.createElement("li");
+      item.dataset.sessionId = info.sessionId;
+      item.dataset.connectionId = info.connectionId;
+      const name = document.createElement("span");
+      name.className = "session-name";
+      name.textContent = `${shortId(info.sessionId)}${info.agent ? ` · ${info.agent}` : ""}`;
+      name.title = info.sessionId;
+      const own = client !== null && client.state !== "closed" && info.connectionId === client.connectionId;
+      const facts = document.createElement("span");
+      facts.className = "session-facts";
+      facts.textContent = [
+        info.turnRunning ? "turn running" : "idle",
+        info.pendingPermissions ? `${info.pendingPermissions} permission request${info.pendingPermissions === 1 ? "" : "s"} waiting` : "",
+        `${info.attachments} attached`,
+        own ? "this tab's connection" : "",
+        `active ${new Date(info.lastActivity).toLocaleTimeString()}`,
+      ].filter(Boolean).join(" · ");
+      const actions = document.createElement("span");
+      actions.className = "actions";
+      /** @param {string} label @param {() => void} action @param {string} [title] */
+      const button = (label, action, title) => {
+        const element = document.createElement("button");
+        element.type = "button";
+        element.textContent = label;
+        if (title) element.title = title;
+        element.addEventListener("click", action);
+        actions.append(element);
+      };
+      if (panes.has(info.sessionId)) button("Open", () => panes.get(info.sessionId)?.focus());
+      else if (own) button("Load", () => loadSession(info.sessionId));
+      else {
+        button("Attach", () => attach(info.sessionId, "controller"), "See its output and take part: prompt, answer permission requests");
+        button("Watch", () => attach(info.sessionId, "observer"), "See its output only (an observer)");
+      }
+      item.append(name, facts, actions);
+      return item;
+    }),
+  );
+}
+
+/**
+ * Attach to a live session (another tab's, another device's): a connection of its own that
+ * carries that session; the pane shows what the session kept of its output, then live.
+ * @param {string} sessionId @param {"controller" | "observer"} role
+ */
+async function attach(sessionId, role) {
+  const existing = panes.get(sessionId);
+  if (existing) {
+    existing.focus();
+    return;
+  }
+  const url = endpoint();
+  if (url === null) return;
+  const attachment = new AcpClient({
+    url,
+    transport: /** @type {"websocket" | "http"} */ (transport()),
+    token: tokenInput.value.trim() || undefined,
+    clientInfo: CLIENT_INFO,
+    attachSession: sessionId,
+    attachRole: role,
+    storage: null, // a reload attaches afresh, and gets everything the session kept again
+  });
+  const pane = openPane(sessionId, attachment, role);
+  listen(attachment);
+  attachment.addEventListener("state", (event) => {
+    const { state, error } = /** @type {CustomEvent} */ (event).detail;
+    pane.attachmentState(state, error);
+  });
+  pane.setTurn("attaching", "attaching…");
+  try {
+    await attachment.connect();
+  } catch {
+    return; // shown in the pane by the state event
+  }
+  // Before the session's output arrives (it comes in later messages).
+  const running = attachment.attachment?.turnRunning;
+  pane.setTurn(running ? "elsewhere" : "idle");
+  pane.note(role === "observer" ? "watching: the session's output so far, then live" : "attached: the session's output so far, then live");
+  pane.focus();
 }
 
 /** @param {string} id */
@@ -236,19 +397,34 @@ function shortId(id) {
 // ------------------------------------------------------------------ one session
 
 class SessionPane {
-  /** @param {string} sessionId */
-  constructor(sessionId) {
+  /**
+   * @param {string} sessionId
+   * @param {AcpClient | null} owner the client whose session this is (its own connection's, or an attachment)
+   * @param {"controller" | "observer" | null} role an attachment's role; null: this tab's connection
+   */
+  constructor(sessionId, owner, role) {
     this.sessionId = sessionId;
+    this.client = owner;
+    this.role = role;
+    this.attached = role !== null;
     const template = /** @type {HTMLTemplateElement} */ ($("#session-template"));
     this.element = /** @type {HTMLElement} */ (template.content.firstElementChild.cloneNode(true));
     this.element.dataset.sessionId = sessionId;
+    if (role) this.element.dataset.role = role;
     $(".session-title", this.element).textContent = shortId(sessionId);
     $(".session-title", this.element).title = sessionId;
+    this.linkView = $(".link", this.element);
+    this.linkView.hidden = !this.attached;
+    this.linkView.textContent = role === "observer" ? "watching" : "attached";
     this.transcript = $(".transcript", this.element);
     this.turnView = $(".turn", this.element);
     this.cancelButton = /** @type {HTMLButtonElement} */ ($(".cancel", this.element));
     this.promptForm = /** @type {HTMLFormElement} */ ($(".prompt", this.element));
     this.textarea = /** @type {HTMLTextAreaElement} */ ($("textarea", this.element));
+    this.promptNote = $(".prompt-note", this.element);
+    this.placeholder = this.textarea.placeholder;
+    if (role === "observer") this.placeholder = "Watching: an observer sees the session, and cannot prompt";
+    this.textarea.placeholder = this.placeholder;
     /** @type {{ element: HTMLElement, text: string, kind: string } | null} the message chunks go to */
     this.current = null;
     /** @type {Map<string, HTMLElement>} */
@@ -257,7 +433,13 @@ class SessionPane {
     this.plan = null;
     /** @type {Set<() => void>} permission requests still waiting: answered "cancelled" on cancel */
     this.waiting = new Set();
+    /** @type {Map<string, { card: HTMLElement, cancelAnswer: () => void, options: any[] }>} by the request's id (JSON) */
+    this.permissions = new Map();
+    /** this tab's prompt runs */
     this.running = false;
+    /** a turn another client prompted runs */
+    this.elsewhere = false;
+    this.connected = owner?.state === "connected" || owner?.state === "reconnecting";
     this.renderQueued = new Set();
 
     this.promptForm.addEventListener("submit", (event) => {
@@ -271,10 +453,15 @@ class SessionPane {
       }
     });
     this.cancelButton.addEventListener("click", () => this.cancel());
-    $(".close-pane", this.element).addEventListener("click", () => {
-      panes.delete(this.sessionId);
+    const close = $(".close-pane", this.element);
+    if (this.attached) close.setAttribute("aria-label", "Detach: close this pane (the session goes on)");
+    close.addEventListener("click", () => {
+      if (panes.get(this.sessionId) === this) panes.delete(this.sessionId);
       this.remove();
+      if (this.attached) this.client?.close(); // detach: the session and its other clients go on
+      renderDirectory();
     });
+    this.setConnected(this.connected);
   }
 
   focus() {
@@ -289,45 +476,101 @@ class SessionPane {
 
   /** @param {boolean} connected */
   setConnected(connected) {
-    for (const control of this.promptForm.elements) /** @type {HTMLButtonElement} */ (control).disabled = !connected;
-    if (!connected) this.cancelButton.disabled = true;
-    else this.cancelButton.disabled = !this.running;
+    this.connected = connected;
+    const canPrompt = connected && this.role !== "observer";
+    for (const control of this.promptForm.elements) /** @type {HTMLButtonElement} */ (control).disabled = !canPrompt;
+    this.updateCancel();
+  }
+
+  /** Cancel ends the running turn: this tab's, or (a controller's) one another client prompted. */
+  updateCancel() {
+    this.cancelButton.disabled = !(this.connected && (this.running || (this.elsewhere && this.role !== "observer")));
+  }
+
+  /** An attachment's connection changed state. @param {string} state @param {Error | null} error */
+  attachmentState(state, error) {
+    const name = this.role === "observer" ? "watching" : "attached";
+    this.linkView.dataset.state = state;
+    this.linkView.textContent = state === "connected" || state === "connecting" ? name : `${name} · ${STATE_TEXT[state] ?? state}`;
+    this.setConnected(state === "connected" || state === "reconnecting");
+    if (state === "closed" && error) {
+      if (this.running || this.elsewhere || this.turnView.dataset.turn === "attaching") this.setTurn("error", "detached");
+      this.note(error.message, true);
+    }
   }
 
   /** @param {string} turn @param {string} [label] */
   setTurn(turn, label) {
     this.turnView.dataset.turn = turn;
-    this.turnView.textContent = label ?? (turn === "running" ? "running…" : turn === "idle" ? "idle" : turn);
+    const labels = { running: "running…", idle: "idle", elsewhere: "running elsewhere…" };
+    this.turnView.textContent = label ?? labels[turn] ?? turn;
     this.running = turn === "running";
-    this.cancelButton.disabled = !this.running;
+    this.elsewhere = turn === "elsewhere";
+    this.textarea.placeholder = this.elsewhere && this.role !== "observer"
+      ? "A turn runs elsewhere (another tab or client): prompt once it ends"
+      : this.placeholder;
+    this.updateCancel();
+  }
+
+  /** Say something in the prompt box (why a prompt did not go); null: nothing. @param {string | null} text */
+  sayInPromptBox(text) {
+    this.promptNote.textContent = text ?? "";
+    this.promptNote.hidden = text === null;
   }
 
   async send() {
     const text = this.textarea.value.trim();
-    if (!text || !client || this.running) return;
+    const from = this.client;
+    if (!text || !from || this.running || this.role === "observer") return;
     this.textarea.value = "";
+    this.sayInPromptBox(null);
     this.current = null;
-    this.append(this.message("user", text));
+    const shown = this.message("user", text);
+    this.append(shown);
     this.setTurn("running");
     try {
-      const { stopReason } = await client.prompt(this.sessionId, text);
+      const { stopReason } = await from.prompt(this.sessionId, text);
       this.flush();
       this.setTurn(stopReason, `stop reason: ${stopReason}`);
     } catch (error) {
-      this.setTurn("error");
-      this.note(`the prompt failed: ${error.message}`, true);
+      if (error.code === TURN_RUNNING) {
+        // A shared session runs another client's turn: nothing was sent. Say so where the
+        // prompt was typed, and give the text back.
+        shown.remove();
+        if (!this.textarea.value) this.textarea.value = text;
+        this.setTurn("elsewhere");
+        this.sayInPromptBox("Not sent: a turn is running elsewhere on this session (another tab or client). Send again once it ends, or Cancel it.");
+      } else if (error.code === OBSERVER_REFUSED) {
+        shown.remove();
+        this.setTurn("idle");
+        this.sayInPromptBox("Not sent: an observer cannot prompt.");
+      } else {
+        this.setTurn("error");
+        this.note(`the prompt failed: ${error.message}`, true);
+      }
     }
     this.current = null;
   }
 
   cancel() {
-    if (!client || !this.running) return;
+    const from = this.client;
+    if (!from || !(this.running || this.elsewhere)) return;
     for (const answer of this.waiting) answer();
-    client.cancel(this.sessionId).catch((error) => this.note(`session/cancel failed: ${error.message}`, true));
+    from.cancel(this.sessionId).catch((error) => this.note(`session/cancel failed: ${error.message}`, true));
+  }
+
+  /** A turn another client prompted ended (`_acp-channels/session/turn_ended`). @param {string} stopReason */
+  turnEnded(stopReason) {
+    this.flush();
+    this.current = null;
+    this.sayInPromptBox(null);
+    if (!this.running) this.setTurn(stopReason, `stop reason: ${stopReason}`);
   }
 
   /** @param {any} update a session/update's `update` */
   update(update) {
+    // Another client's prompt (shown to this one): its turn runs elsewhere.
+    if (update.sessionUpdate === "user_message_chunk" && !this.running && !this.elsewhere) this.setTurn("elsewhere");
     switch (update.sessionUpdate) {
       case "agent_message_chunk":
       case "user_message_chunk":
@@ -464,9 +707,12 @@ class SessionPane {
 
   /** A permission request as buttons, one per option. @param {{ id: number | string, params: any }} request */
   permission(request) {
-    const from = client;
+    const from = this.client;
+    const key = JSON.stringify(request.id);
+    if (this.permissions.has(key)) return; // asked again (a resumed stream): already shown
     const card = document.createElement("li");
     card.className = "permission";
+    card.dataset.requestId = key;
     const head = document.createElement("div");
     head.className = "permission-head";
     head.textContent = `Permission: ${request.params?.toolCall?.title ?? "the agent asks"}`;
@@ -477,6 +723,7 @@ class SessionPane {
     const answer = (outcome, label) => {
       if (!this.waiting.has(cancelAnswer)) return;
       this.waiting.delete(cancelAnswer);
+      this.permissions.delete(key);
       for (const button of options.querySelectorAll("button")) /** @type {HTMLButtonElement} */ (button).disabled = true;
       chosen.textContent = label;
       from?.respond(request.id, { outcome }).catch((error) => this.note(`the answer failed: ${error.message}`, true));
@@ -492,10 +739,38 @@ class SessionPane {
     }
     card.append(head, options, chosen);
     this.waiting.add(cancelAnswer);
+    this.permissions.set(key, { card, cancelAnswer, options: request.params?.options ?? [] });
     this.append(card);
     this.current = null;
   }
+
+  /**
+   * Another client answered a permission request this pane shows (or the server did, after
+   * nobody answered in time): it goes from the page, a note says how it was answered.
+   * @param {number | string} requestId @param {any} outcome
+   */
+  permissionResolved(requestId, outcome) {
+    const key = JSON.stringify(requestId);
+    const shown = this.permissions.get(key);
+    if (!shown) return;
+    this.permissions.delete(key);
+    this.waiting.delete(shown.cancelAnswer);
+    const option = shown.options.find((candidate) => candidate.optionId === outcome?.optionId);
+    const how = outcome?.outcome === "selected" ? option?.name ?? outcome.optionId : outcome?.outcome ?? "answered";
+    const note = document.createElement("li");
+    note.className = "note";
+    note.textContent = `permission answered elsewhere: ${how}`;
+    shown.card.replaceWith(note);
+  }
 }
+
+buttons.directory.addEventListener("click", refreshDirectory);
+buttons.refreshDirectory.addEventListener("click", refreshDirectory);
+// The tab goes: detach its attachments now (a dropped socket would hold its place on the
+// session until the server's resume window ends). This tab's own connection stays, to resume.
+addEventListener("pagehide", () => {
+  for (const pane of panes.values()) if (pane.attached) pane.client?.close();
+});
 
 showState("idle");
 if (restoreForm()) connect(); // a reload: pick the connection up again
