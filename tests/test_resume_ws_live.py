@@ -314,7 +314,15 @@ async def test_initialize_over_websocket_advertises_resumption(wire_server: Daph
                 "connectionId": connection_of(ws),
                 "receivedNotification": RECEIVED_METHOD,
             },
-            "acp-channels/sessions": {"directory": "/acp/sessions", "listMethod": "_acp-channels/sessions/list"},
+            "acp-channels/sessions": {
+                "directory": "/acp/sessions",
+                "listMethod": "_acp-channels/sessions/list",
+                "attach": {"header": "Acp-Attach-Session", "cursorHeader": "Acp-Attach-Cursor"},
+            },
+            # With the default settings: DETACHED_SECONDS, the longer, bounds retention.
+            "acp/transport": {
+                "resumable": {"retentionMessages": 16384, "retentionBytes": 2 * 1024 * 1024, "retentionSeconds": 14400.0}
+            },
         }
         await send(ws, rpc(1, "not/initialize"))
         assert "_meta" not in json.dumps(await receive(ws))

@@ -46,7 +46,15 @@ INIT = rpc(0, "initialize", {"protocolVersion": 1})
 #: What the server adds to an initialize result: how streams resume, where the directory is.
 SERVER_META = {
     RESUME_META_KEY: resume_capabilities(),
-    "acp-channels/sessions": {"directory": "/acp/sessions", "listMethod": "_acp-channels/sessions/list"},
+    "acp-channels/sessions": {
+        "directory": "/acp/sessions",
+        "listMethod": "_acp-channels/sessions/list",
+        "attach": {"header": "Acp-Attach-Session", "cursorHeader": "Acp-Attach-Cursor"},
+    },
+    # The servers of these tests run with the default settings (DETACHED_SECONDS is the longer).
+    "acp/transport": {
+        "resumable": {"retentionMessages": 16384, "retentionBytes": 2 * 1024 * 1024, "retentionSeconds": 14400.0}
+    },
 }
 #: The wire agent's initialize result, with what the server adds.
 INIT_RESULT = {"protocolVersion": 1, "agentCapabilities": {}, "_meta": SERVER_META}
