@@ -321,7 +321,11 @@ async def test_initialize_over_websocket_advertises_resumption(wire_server: Daph
             },
             # With the default settings: DETACHED_SECONDS, the longer, bounds retention.
             "acp/transport": {
-                "resumable": {"retentionMessages": 16384, "retentionBytes": 2 * 1024 * 1024, "retentionSeconds": 14400.0}
+                "resumable": {
+                    "retentionMessages": 16384,
+                    "retentionBytes": 2 * 1024 * 1024,
+                    "retentionSeconds": 14400.0,
+                }
             },
         }
         await send(ws, rpc(1, "not/initialize"))
