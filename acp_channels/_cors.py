@@ -52,6 +52,8 @@ ACP_ALLOW_HEADERS: Final[tuple[str, ...]] = (
 ACP_ALLOW_METHODS: Final[tuple[str, ...]] = ("DELETE", "GET", "OPTIONS", "POST")
 #: The URL name of the endpoint in acp_channels.urls.
 ENDPOINT_URL_NAME: Final = "acp"
+#: The URLs that answer across origins: the endpoint, and the session directory beside it.
+CORS_URL_NAMES: Final = frozenset((ENDPOINT_URL_NAME, "acp-sessions"))
 
 
 ORIGIN_NOT_ALLOWED = "origin not allowed"
@@ -162,6 +164,6 @@ def enable_cors_for_acp(sender: Any, request: HttpRequest, **kwargs: Any) -> boo
     if not origin or origin not in acp_settings.CORS_ALLOWED_ORIGINS:
         return False
     try:
-        return resolve(request.path_info).url_name == ENDPOINT_URL_NAME
+        return resolve(request.path_info).url_name in CORS_URL_NAMES
     except Resolver404:
         return False

@@ -294,6 +294,30 @@ async def test_preflight_from_unlisted_origin_grants_nothing(
     assert access_control(response) == {}
 
 
+async def test_the_session_directory_answers_a_listed_origin(
+    cors_server: DaphneServer, http: httpx.AsyncClient
+) -> None:
+    """A page on another origin lists its sessions (docs/shared-sessions.md): the preflight
+    grants it, the answer carries the origin."""
+    directory = cors_server.url + "/sessions"
+    preflight = await http.options(
+        directory,
+        headers={
+            "Origin": ALLOWED,
+            "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "authorization",
+        },
+    )
+    assert preflight.status_code == 200
+    assert preflight.headers.get("access-control-allow-origin") == ALLOWED
+    response = await http.get(directory, headers={"Origin": ALLOWED})
+    assert response.status_code == 200  # this server serves everyone (and lists nothing to anonymous)
+    assert response.headers.get("access-control-allow-origin") == ALLOWED
+    assert "origin" in vary(response)
+    unlisted = await http.get(directory, headers={"Origin": UNLISTED})
+    assert unlisted.status_code == 403 and "access-control-allow-origin" not in unlisted.headers
+
+
 async def test_cors_is_scoped_to_the_acp_endpoint(cors_server: DaphneServer, http: httpx.AsyncClient) -> None:
     elsewhere = cors_server.url.removesuffix("/acp") + "/elsewhere"
     response = await http.get(elsewhere, headers={"Origin": ALLOWED})
