@@ -269,3 +269,37 @@ async def test_several_clients_share_a_session_over_websockets(server: DaphneSer
             a_said, a_end = await ticks_until_turn_ends(a)
             assert b_said == a_said == ["permission: allow"]
             assert b_end["id"] == "b-2" and a_end["method"] == "_acp-channels/session/turn_ended"
+
+
+@pytest.mark.parametrize("detached_seconds", ["30", "0"])
+async def test_a_detached_connection_outlives_the_idle_timeout(http: httpx.AsyncClient, detached_seconds: str) -> None:
+    """Nobody attached for longer than IDLE_TIMEOUT_SECONDS: with DETACHED_SECONDS the
+    connection and its finished turn are still there to attach to; with 0 it was reaped."""
+    env = {**ENV, "ACP_IDLE_TIMEOUT_SECONDS": "1", "ACP_DETACHED_SECONDS": detached_seconds}
+    server = DaphneServer(env=env).start()
+    try:
+        connection_id, _ = await new_connection(http, server, ALICE)
+        async with open_sse(http, server.url, connection_id, **ALICE) as connection_stream:
+            session_id = await new_session(http, server, connection_id, connection_stream)
+            sent = await post(http, server.url, prompt(2, session_id, "tick 4 600"), connection_id, session_id, **ALICE)
+            assert sent.status_code == 202
+        # Gone for the whole turn (2.4 s, past the idle timeout and a reaper's sweep): the
+        # directory says when it ended (polled, as another process's state).
+        async with asyncio.timeout(15):
+            while True:
+                listed = (await http.get(server.url + "/sessions", headers=ALICE)).json()["sessions"]
+                if not [entry for entry in listed if entry["sessionId"] == session_id and entry["turnRunning"]]:
+                    break
+                await asyncio.sleep(0.1)
+        response = await attach_over_http(http, server, session_id, ALICE)
+        if detached_seconds == "0":
+            assert response.status_code == 404  # reaped with its agent
+            return
+        assert response.status_code == 200, response.text
+        assert response.json()["result"]["_meta"]["acp-channels/attachment"]["turnRunning"] is False
+        attachment_id = response.headers["acp-connection-id"]
+        async with open_sse(http, server.url, attachment_id, session_id, **ALICE) as attached:
+            assert [text_of(await attached.next()) for _ in range(4)] == [f"tick {i}\n" for i in range(1, 5)]
+    finally:
+        server.stop()
+    assert server.errors() == []
