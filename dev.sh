@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Developer entry point: `./dev.sh demo` serves the demo agent on 127.0.0.1:8000/acp;
+# Developer entry point: `./dev.sh demo` serves the demo agent on 127.0.0.1:8000/acp
+# (`ACP_DEMO_OAUTH=1 ./dev.sh demo`: as an OAuth 2 protected resource, demo_project/oauth.py);
 # `./dev.sh demo-h2` (or `HTTP2=1 ./dev.sh demo`) serves it over HTTPS with HTTP/2 on
 # 127.0.0.1:8443/acp (docs/http2.md); `./dev.sh test` runs the whole test suite. Each installs
 # what it needs into .venv first.
@@ -45,7 +46,14 @@ case "$command" in
       "${WEBSOCKET_LIMITS[@]}" "$@" demo_project.asgi:application
     ;;
   demo)
-    ensure_venv demo ".[redis]"
+    if [ "${ACP_DEMO_OAUTH:-}" = 1 ]; then
+      # OAuth 2 with django-oauth-toolkit (demo_project/oauth.py): migrate, the demo user and a
+      # public client, then how to get a token.
+      ensure_venv demo-oauth ".[redis,oauth]"
+      "$VENV/bin/python" -m demo_project.oauth setup
+    else
+      ensure_venv demo ".[redis]"
+    fi
     shift
     # backlog: daphne's default of 50 drops connections under bursts of clients.
     exec "$VENV/bin/daphne" -e "tcp:port=${PORT:-8000}:interface=${HOST:-127.0.0.1}:backlog=2048" \

@@ -213,6 +213,14 @@ class AcpSettings:
     # sessions, as observers (watch) or controllers (prompt, answer). None: own sessions only.
     SESSIONS_OBSERVE_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E047")
     SESSIONS_CONTROL_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E048")
+    # OAuth 2 (acp_channels.oauth, the `oauth` extra; docs/authentication.md): the resource
+    # identifier tokens are for (the https URL of the endpoint; None: the endpoint's URL as
+    # requested), the authorization servers' issuer URLs the metadata names, and the scope of
+    # each operation ({"connect"|"observe"|"control": scope}, over acp:connect,
+    # acp:session:observe, acp:session:control).
+    OAUTH_RESOURCE: Setting[str | None] = Setting(None, "acp_channels.E070")
+    OAUTH_AUTHORIZATION_SERVERS: Setting[list[str]] = Setting([], "acp_channels.E071")
+    OAUTH_SCOPES: Setting[Mapping[str, str]] = Setting({}, "acp_channels.E072")
     # Connections one principal may hold at once on a worker; beyond it initialize gets 429.
     # Anonymous access is bounded by MAX_CONNECTIONS only.
     MAX_CONNECTIONS_PER_PRINCIPAL = OptionalNumber(32, int, "acp_channels.E025")

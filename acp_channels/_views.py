@@ -99,11 +99,11 @@ async def dispatch(request: HttpRequest) -> HttpResponseBase:
 
 def error_response(error: AcpError) -> HttpResponse:
     """How every error is answered over HTTP, from the one tree (acp_channels/errors.py): its
-    status and text, Retry-After where it has one, and a 401's challenge."""
+    status and text, Retry-After where it has one, and a refusal's challenge."""
     response = text_response(error.status, error.text)
     if error.retry_after is not None:
         response["Retry-After"] = str(error.retry_after)
-    if isinstance(error, Refused) and error.status == 401 and error.challenge is not None:
+    if isinstance(error, Refused) and error.challenge is not None:  # a 401's, or a 403 insufficient_scope
         response["WWW-Authenticate"] = error.challenge
     return response
 

@@ -6,6 +6,7 @@ docs/shared-sessions.md), `health` (liveness), `ready` (readiness) and
 from django.urls import path
 
 from acp_channels import _probes as probes
+from acp_channels import oauth
 from acp_channels._cors import ENDPOINT_URL_NAME
 from acp_channels._directory import sessions_endpoint
 from acp_channels._views import acp_endpoint, health
@@ -13,6 +14,9 @@ from acp_channels._views import acp_endpoint, health
 urlpatterns = [
     path("acp", acp_endpoint, name=ENDPOINT_URL_NAME),
     path("acp/sessions", sessions_endpoint, name="acp-sessions"),
+    # RFC 9728 metadata (acp_channels.oauth; 404 unless OAuth is configured).
+    path(".well-known/oauth-protected-resource", oauth.metadata, name=oauth.METADATA_URL_NAME),
+    path(".well-known/oauth-protected-resource/<path:suffix>", oauth.metadata),
     path("health", health, name="acp-health"),
     path("ready", probes.ready, name="acp-ready"),
     path("metrics", probes.metrics, name="acp-metrics"),

@@ -116,6 +116,14 @@ ACP_CHANNELS = {
     **settings_from_environment(skip=("AGENT", "CORS_ALLOWED_ORIGINS")),
 }
 
+# ACP_DEMO_OAUTH=1: /acp as an OAuth 2 protected resource, django-oauth-toolkit issuing the tokens
+# on the same site, with a SQLite database (demo_project/oauth.py). Instead of ACP_TOKEN.
+DEMO_OAUTH = os.environ.get("ACP_DEMO_OAUTH", "") == "1"
+if DEMO_OAUTH:
+    from demo_project.oauth import configure
+
+    configure(globals())
+
 # django-cors-headers: only the ACP endpoint is ever enabled (by acp_channels, for listed origins).
 CORS_URLS_REGEX = r"^$"
 CORS_EXPOSE_HEADERS = [*ACP_EXPOSE_HEADERS]

@@ -30,7 +30,7 @@ ERRORS = documented("## The server's errors: `acp_channels.errors`")
 #: Modules with a public name: the ones docs/api.md names, and what Python and Django require.
 PUBLIC_MODULES = frozenset({
     "acp_channels", "acp_channels.apps", "acp_channels.urls", "acp_channels.auth", "acp_channels.layers",
-    "acp_channels.errors", "acp_channels.client", "acp_channels.bridge",
+    "acp_channels.errors", "acp_channels.client", "acp_channels.bridge", "acp_channels.oauth",
 })  # fmt: skip
 
 

@@ -1,0 +1,242 @@
+"""OAuth 2 protected resource: `/acp` accepts access tokens django-oauth-toolkit issued (the
+`acp-channels[oauth]` extra; docs/authentication.md, "OAuth with django-oauth-toolkit"; names
+provisional).
+
+`access_token` is an ordinary AUTHENTICATE callable. It validates the bearer token through
+django-oauth-toolkit's own validator (its AccessToken model, expiry, RFC 8707 resource
+restriction, introspection of another server's tokens when DOT is configured for it), then the
+scopes the request needs (`required_scopes`): `acp:connect` for every request that opens or uses
+a connection, and for an attach (`Acp-Attach-Session`) the session scope of its role too.
+
+Refusals carry RFC 6750 challenges that name the RFC 9728 metadata (`resource_metadata`), which
+`metadata` serves at `/.well-known/oauth-protected-resource`. django-oauth-toolkit is imported
+only when a token is checked: this module imports without it (the system check says what is
+missing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import NoReverseMatch, reverse
+
+from acp_channels._conf import acp_settings
+from acp_channels._cors import ENDPOINT_URL_NAME
+from acp_channels._identity import Principal
+from acp_channels._protocol import ATTACH_ROLE_HEADER, ATTACH_ROLE_QUERY, ATTACH_SESSION_HEADER, ATTACH_SESSION_QUERY
+from acp_channels.auth import RequestContext, user_principal
+from acp_channels.errors import DEFAULT_CHALLENGE, INVALID_TOKEN, Refused
+
+#: The dotted path of the authenticator, for settings and the system checks.
+AUTHENTICATOR: Final = "acp_channels.oauth.access_token"
+#: The URL name of the RFC 9728 metadata (acp_channels.urls).
+METADATA_URL_NAME: Final = "acp-oauth-protected-resource"
+METADATA_PATH: Final = "/.well-known/oauth-protected-resource"
+#: The operations a scope grants (ACP_CHANNELS["OAUTH_SCOPES"] names their scopes).
+CONNECT: Final = "connect"
+OBSERVE: Final = "observe"
+CONTROL: Final = "control"
+DEFAULT_SCOPES: Final[Mapping[str, str]] = {
+    CONNECT: "acp:connect",
+    OBSERVE: "acp:session:observe",
+    CONTROL: "acp:session:control",
+}
+INSUFFICIENT_SCOPE: Final = "insufficient scope"
+
+
+def scope_names() -> dict[str, str]:
+    """Operation -> scope: the defaults, with ACP_CHANNELS["OAUTH_SCOPES"] over them."""
+    configured = acp_settings.OAUTH_SCOPES
+    return {**DEFAULT_SCOPES, **(configured if isinstance(configured, Mapping) else {})}
+
+
+def required_scope(attach_role: str | None) -> list[str]:
+    """The rule: the scopes a request needs, by what it does. Every request that opens or uses
+    a connection needs `connect`; an attach also needs its role's session scope (`observe` for
+    an observer, `control` for a controller; the control scope also grants observing)."""
+    names = scope_names()
+    if attach_role is None:
+        return [names[CONNECT]]
+    return [names[CONNECT], names[OBSERVE] if attach_role == "observer" else names[CONTROL]]
+
+
+def granted(needed: Iterable[str], scopes: Iterable[str]) -> list[str]:
+    """The scopes of `needed` that `scopes` do not grant (empty: allowed)."""
+    names = scope_names()
+    have = set(scopes)
+    if names[CONTROL] in have:
+        have.add(names[OBSERVE])
+    return [scope for scope in needed if scope not in have]
+
+
+def attach_role(context: RequestContext) -> str | None:
+    """The role a request attaches with (`Acp-Attach-Session`; for a WebSocket also the query),
+    or None when it does not attach. An unknown role is asked the controller's scope (the
+    endpoint refuses it with 400 after)."""
+    session = context.header(ATTACH_SESSION_HEADER)
+    role = context.header(ATTACH_ROLE_HEADER)
+    if context.transport == "websocket":
+        query = parse_qs(bytes(context.scope.get("query_string", b"")).decode("latin-1"))
+        session = session or _first(query, ATTACH_SESSION_QUERY)
+        role = role or _first(query, ATTACH_ROLE_QUERY)
+    if not session:
+        return None
+    return "observer" if role == "observer" else "controller"
+
+
+def required_scopes(context: RequestContext) -> list[str]:
+    """The scopes this request needs (`required_scope` of its attach role)."""
+    return required_scope(attach_role(context))
+
+
+def _first(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[0].strip() if values else None
+
+
+# -- the authenticator ----------------------------------------------------------------------------
+
+
+async def access_token(context: RequestContext) -> Principal:
+    """AUTHENTICATE: a django-oauth-toolkit access token (`Authorization: Bearer`, or a browser
+    WebSocket's `acp.bearer.<token>` subprotocol) with the scopes the request needs. The
+    principal is the token's user (REQUIRED_PERMISSION applies), or for a token without one
+    (client credentials) `Principal("oauth-client", client_id)`."""
+    needed = required_scopes(context)
+    token = context.bearer_token
+    if token is None:
+        error = "invalid_token" if context.header("authorization") is not None else None
+        raise refusal(context, 401, INVALID_TOKEN if error else "authentication required", needed, error)
+    found, description = await sync_to_async(_validate)(token, resource_identifier(context))
+    if found is None:
+        raise refusal(context, 401, INVALID_TOKEN, needed, "invalid_token", description)
+    user = found.user
+    if user is not None and not getattr(user, "is_active", False):
+        raise refusal(context, 401, INVALID_TOKEN, needed, "invalid_token")
+    missing = granted(needed, str(found.scope or "").split())
+    if missing:
+        reason = f"{INSUFFICIENT_SCOPE}: the token needs {' '.join(missing)}"
+        raise refusal(context, 403, reason, needed, "insufficient_scope")
+    if user is not None:
+        return await user_principal(user)
+    application = found.application
+    client_id = str(getattr(application, "client_id", "") or "")
+    return Principal("oauth-client", client_id, str(getattr(application, "name", "") or client_id))
+
+
+def _validate(token: str, resource: str) -> tuple[Any, str | None]:
+    """django-oauth-toolkit's validator (OAUTH2_VALIDATOR_CLASS) on the token: the AccessToken,
+    or None with DOT's reason (expired, not for this resource; none for an unknown or revoked
+    token). Sync: it queries the database."""
+    from oauth2_provider.settings import oauth2_settings
+    from oauthlib.common import Request
+
+    request = Request(resource)
+    validator = oauth2_settings.OAUTH2_VALIDATOR_CLASS()
+    if validator.validate_bearer_token(token, [], request):
+        return request.access_token, None
+    error = getattr(request, "oauth2_error", None) or {}
+    description = error.get("error_description")
+    return None, str(description) if description else None
+
+
+def refusal(
+    context: RequestContext,
+    status: int,
+    reason: str,
+    scopes: list[str],
+    error: str | None = None,
+    description: str | None = None,
+) -> Refused:
+    """A 401 or 403 whose challenge names the error, the scopes needed and the metadata."""
+    parts = [DEFAULT_CHALLENGE]
+    if error is not None:
+        parts.append(f'error="{error}"')
+    if description is not None:
+        parts.append(f"error_description={_quoted(description)}")
+    parts.append(f'scope="{" ".join(scopes)}"')
+    parts.append(f"resource_metadata={_quoted(metadata_url(context))}")
+    return Refused(status, reason, ", ".join(parts))
+
+
+def _quoted(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+# -- where: the resource and its metadata ------------------------------------------------------------
+
+
+def origin(context: RequestContext) -> str:
+    """scheme://host of the request, as the client reached it."""
+    if context.request is not None:
+        return f"{context.request.scheme}://{context.request.get_host()}"
+    scheme = "https" if context.scope.get("scheme") in ("wss", "https") else "http"
+    return f"{scheme}://{context.header('host') or 'localhost'}"
+
+
+def resource_identifier(context: RequestContext) -> str:
+    """ACP_CHANNELS["OAUTH_RESOURCE"], else the URL of the endpoint on the request's origin."""
+    configured: str | None = acp_settings.OAUTH_RESOURCE
+    if configured:
+        return configured
+    return origin(context) + _path(ENDPOINT_URL_NAME, "/acp")
+
+
+def metadata_url(context: RequestContext) -> str:
+    """The URL of the metadata document, on the resource's origin."""
+    configured: str | None = acp_settings.OAUTH_RESOURCE
+    base = origin(context)
+    if configured:
+        parts = urlsplit(configured)
+        base = f"{parts.scheme}://{parts.netloc}"
+    return base + _path(METADATA_URL_NAME, METADATA_PATH)
+
+
+def _path(name: str, default: str) -> str:
+    try:
+        return reverse(name)
+    except NoReverseMatch:
+        return default
+
+
+def configured() -> bool:
+    """Whether the site serves OAuth: the authenticator is this module's, or authorization
+    servers are named (a site's own authenticator may use them)."""
+    return acp_settings.AUTHENTICATE == AUTHENTICATOR or bool(acp_settings.OAUTH_AUTHORIZATION_SERVERS)
+
+
+def metadata_document(context: RequestContext) -> dict[str, Any]:
+    """RFC 9728 protected resource metadata."""
+    return {
+        "resource": resource_identifier(context),
+        "authorization_servers": list(acp_settings.OAUTH_AUTHORIZATION_SERVERS or []),
+        "scopes_supported": list(scope_names().values()),
+        "bearer_methods_supported": ["header"],
+    }
+
+
+async def metadata(request: HttpRequest, suffix: str = "") -> HttpResponse:
+    """GET /.well-known/oauth-protected-resource (also with the resource's path after it, as
+    RFC 9728 §3.1 builds it): the metadata, readable from any origin; 404 when OAuth is not
+    configured."""
+    if request.method not in ("GET", "HEAD"):
+        response = HttpResponse(status=405)
+        response["Allow"] = "GET, HEAD"
+        return response
+    if not configured():
+        return HttpResponse(status=404)
+    document = metadata_document(RequestContext.for_http(request))
+    if suffix and urlsplit(document["resource"]).path.strip("/") != suffix.strip("/"):
+        return HttpResponse(status=404)
+    response = JsonResponse(document, json_dumps_params={"indent": 2})
+    response["Access-Control-Allow-Origin"] = "*"  # public: browser OAuth clients read it
+    response["Cache-Control"] = "max-age=3600"
+    return response
+
+
+__all__ = ["AUTHENTICATOR", "access_token", "metadata", "required_scope", "required_scopes"]

@@ -1,0 +1,357 @@
+"""OAuth on a live server: the demo as `ACP_DEMO_OAUTH=1 ./dev.sh demo` serves it (daphne, the
+demo agent, django-oauth-toolkit on the same site with a SQLite database set up by
+`python -m demo_project.oauth setup`). Tokens come from DOT: the authorization code flow with
+PKCE through its endpoints, and `demo_project.oauth.issue` for the ones a test needs (expired,
+narrow scopes). Every refusal with its exact header over HTTP, and over WebSocket (daphne
+answers 403 before accept); a revoked token; attaching with the session scopes; the metadata;
+both official SDK clients with a DOT-issued token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
+
+from tests.live import JSON, ROOT, SSE, DaphneServer, rpc
+from tests.test_auth_interop import run_driver
+
+pytestmark = pytest.mark.timeout(120)
+
+ISSUER = "https://issuer.example/o"
+CONNECT = "acp:connect"
+OBSERVE = "acp:session:observe"
+CONTROL = "acp:session:control"
+#: Tokens issued for the tests: name -> (scope, lifetime in seconds).
+ISSUED = {
+    "all": (f"{CONNECT} {OBSERVE} {CONTROL}", 3600),
+    "connect": (CONNECT, 3600),
+    "observer": (f"{CONNECT} {OBSERVE}", 3600),
+    "observe-only": (OBSERVE, 3600),
+    "expired": (f"{CONNECT} {OBSERVE} {CONTROL}", -60),
+    "to-revoke": (CONNECT, 3600),
+}
+ISSUE = """
+import json, sys
+import django
+django.setup()
+from demo_project.oauth import issue
+print(json.dumps({name: issue(scope, seconds) for name, (scope, seconds) in json.loads(sys.argv[1]).items()}))
+"""
+
+
+@dataclass
+class OAuthSite:
+    server: DaphneServer
+    tokens: dict[str, str]
+
+    @property
+    def metadata_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.port}/.well-known/oauth-protected-resource"
+
+    def challenge(self, scope: str, error: str | None = None, description: str | None = None) -> str:
+        parts = ['Bearer realm="acp"']
+        if error is not None:
+            parts.append(f'error="{error}"')
+        if description is not None:
+            parts.append(f'error_description="{description}"')
+        return ", ".join([*parts, f'scope="{scope}"', f'resource_metadata="{self.metadata_url}"'])
+
+
+def demo_environment(state: Path) -> dict[str, str]:
+    return {"ACP_DEMO_OAUTH": "1", "ACP_DEMO_STATE_DIR": str(state), "ACP_OAUTH_AUTHORIZATION_SERVERS": f'["{ISSUER}"]'}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthSite]:
+    env = demo_environment(tmp_path_factory.mktemp("oauth-state"))
+    process_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+    setup = subprocess.run(
+        [sys.executable, "-m", "demo_project.oauth", "setup"], env=process_env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert setup.returncode == 0, setup.stderr
+    assert "ACP_TOKEN=$(ACP_DEMO_OAUTH=1 .venv/bin/python -m demo_project.oauth token)" in setup.stderr
+    issued = subprocess.run(
+        [sys.executable, "-c", ISSUE, json.dumps(ISSUED)], env=process_env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert issued.returncode == 0, issued.stderr
+    server = DaphneServer(env=env).start()
+    yield OAuthSite(server, json.loads(issued.stdout))
+    server.stop()
+    assert server.errors() == []
+    log = "".join(server.log)
+    assert not [token for token in json.loads(issued.stdout).values() if token in log], "a token reached the log"
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=20.0) as client:
+        yield client
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def initialize(http: httpx.AsyncClient, url: str, token: str, **headers: str) -> httpx.Response:
+    return await http.post(
+        url, headers={**JSON, **bearer(token), **headers}, json=rpc(0, "initialize", {"protocolVersion": 1})
+    )
+
+
+# -- the metadata ------------------------------------------------------------------------------------
+
+
+async def test_the_metadata_document(site: OAuthSite, http: httpx.AsyncClient) -> None:
+    response = await http.get(site.metadata_url)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {
+        "resource": site.server.url,
+        "authorization_servers": [ISSUER],
+        "scopes_supported": [CONNECT, OBSERVE, CONTROL],
+        "bearer_methods_supported": ["header"],
+    }
+    assert (await http.get(site.metadata_url + "/acp")).json() == response.json()  # RFC 9728 §3.1
+    # The demo's authorization server describes itself (RFC 8414).
+    server = (await http.get(f"http://127.0.0.1:{site.server.port}/.well-known/oauth-authorization-server/o")).json()
+    assert server["token_endpoint"] == f"http://127.0.0.1:{site.server.port}/o/token/"
+    assert server["code_challenge_methods_supported"] == ["S256"]
+
+
+# -- refusals over HTTP ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["POST", "GET", "DELETE"])
+async def test_no_token_is_401_naming_the_metadata(site: OAuthSite, http: httpx.AsyncClient, method: str) -> None:
+    headers = {**JSON, **SSE, "Acp-Connection-Id": "0" * 36}
+    body = json.dumps(rpc(0, "initialize", {})) if method == "POST" else None
+    response = await http.request(method, site.server.url, headers=headers, content=body)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == site.challenge(CONNECT)
+    assert response.text == "authentication required"
+    directory = await http.get(site.server.url + "/sessions")
+    assert (directory.status_code, directory.headers["www-authenticate"]) == (401, site.challenge(CONNECT))
+
+
+async def test_an_unknown_token_is_401_invalid_token(site: OAuthSite, http: httpx.AsyncClient) -> None:
+    response = await initialize(http, site.server.url, "not-a-dot-token-123456")
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == site.challenge(
+        CONNECT, "invalid_token", "The access token is invalid."
+    )
+    assert response.text == "invalid or expired token"
+
+
+async def test_an_expired_token_is_401_saying_so(site: OAuthSite, http: httpx.AsyncClient) -> None:
+    response = await initialize(http, site.server.url, site.tokens["expired"])
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == site.challenge(
+        CONNECT, "invalid_token", "The access token has expired."
+    )
+    assert site.tokens["expired"] not in response.text + str(response.headers)
+
+
+async def test_a_token_without_the_connect_scope_is_403_insufficient_scope(
+    site: OAuthSite, http: httpx.AsyncClient
+) -> None:
+    response = await initialize(http, site.server.url, site.tokens["observe-only"])
+    assert response.status_code == 403
+    assert response.headers["www-authenticate"] == site.challenge(CONNECT, "insufficient_scope")
+    assert response.text == "insufficient scope: the token needs acp:connect"
+
+
+async def test_a_revoked_token_is_refused(site: OAuthSite, http: httpx.AsyncClient) -> None:
+    token = site.tokens["to-revoke"]
+    opened = await initialize(http, site.server.url, token)
+    assert opened.status_code == 200, opened.text
+    owner = {**bearer(token), "Acp-Connection-Id": opened.headers["acp-connection-id"]}
+    # Revoked at the authorization server (RFC 7009; a public client names itself).
+    revoked = await http.post(
+        f"http://127.0.0.1:{site.server.port}/o/revoke_token/", data={"token": token, "client_id": "acp-demo"}
+    )
+    assert revoked.status_code == 200, revoked.text
+    for response in (await initialize(http, site.server.url, token), await http.delete(site.server.url, headers=owner)):
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == site.challenge(
+            CONNECT, "invalid_token", "The access token is invalid."
+        )
+
+
+# -- a valid token, end to end ---------------------------------------------------------------------
+
+
+def pkce() -> tuple[str, str]:
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    return verifier, challenge
+
+
+async def code_flow(site: OAuthSite, scope: str) -> dict[str, Any]:
+    """The authorization code flow with PKCE, as a person in a browser: log in, authorize, and
+    exchange the code from the redirect for a token."""
+    base = f"http://127.0.0.1:{site.server.port}"
+    verifier, challenge = pkce()
+    redirect = "http://127.0.0.1/callback"
+    authorize = (
+        f"/o/authorize/?response_type=code&client_id=acp-demo&redirect_uri={redirect}&scope={scope.replace(' ', '+')}"
+        f"&code_challenge={challenge}&code_challenge_method=S256&state=s1"
+    )
+    async with httpx.AsyncClient(base_url=base, timeout=20.0) as browser:
+        form = await browser.get("/accounts/login/", params={"next": authorize})
+        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
+        assert form.status_code == 200 and match is not None
+        login = await browser.post(
+            "/accounts/login/",
+            data={"username": "demo", "password": "demo", "csrfmiddlewaretoken": match.group(1), "next": authorize},
+        )
+        assert login.status_code == 302 and login.headers["location"] == authorize, login.text
+        granted = await browser.get(authorize)
+        assert granted.status_code == 302, granted.text
+        location = urlsplit(granted.headers["location"])
+        assert f"{location.scheme}://{location.netloc}{location.path}" == redirect
+        query = parse_qs(location.query)
+        assert query["state"] == ["s1"]
+        exchanged = await browser.post(
+            "/o/token/",
+            data={
+                "grant_type": "authorization_code",
+                "client_id": "acp-demo",
+                "code": query["code"][0],
+                "redirect_uri": redirect,
+                "code_verifier": verifier,
+            },
+        )
+        assert exchanged.status_code == 200, exchanged.text
+        token: dict[str, Any] = exchanged.json()
+        return token
+
+
+@pytest.fixture(scope="module")
+def flow_token(site: OAuthSite) -> str:
+    token = asyncio.run(code_flow(site, CONNECT))
+    assert token["scope"] == CONNECT and token["token_type"] == "Bearer"
+    return str(token["access_token"])
+
+
+async def request(ws: ClientConnection, request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Send a request; the notifications before its answer, then the answer."""
+    await ws.send(json.dumps(rpc(request_id, method, params)))
+    seen: list[dict[str, Any]] = []
+    while True:
+        message = json.loads(await asyncio.wait_for(ws.recv(), 15))
+        if message.get("id") == request_id and "method" not in message:
+            return {"answer": message, "notifications": seen}
+        seen.append(message)
+
+
+async def test_a_code_flow_token_initializes_and_prompts(
+    site: OAuthSite, http: httpx.AsyncClient, flow_token: str
+) -> None:
+    opened = await initialize(http, site.server.url, flow_token)
+    assert opened.status_code == 200, opened.text
+    assert opened.json()["result"]["protocolVersion"] == 1
+    async with connect(site.server.ws_url, additional_headers=bearer(flow_token), proxy=None) as ws:
+        await request(ws, 0, "initialize", {"protocolVersion": 1})
+        new = await request(ws, 1, "session/new", {"cwd": "/tmp", "mcpServers": []})
+        session_id = new["answer"]["result"]["sessionId"]
+        prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": "whoami"}]}
+        turn = await request(ws, 2, "session/prompt", prompt)
+    assert turn["answer"]["result"]["stopReason"] == "end_turn"
+    said = "".join(
+        note["params"]["update"]["content"]["text"]
+        for note in turn["notifications"]
+        if note.get("method") == "session/update"
+        and note["params"]["update"].get("sessionUpdate") == "agent_message_chunk"
+    )
+    assert "principal=user:demo " in said and "transport=websocket" in said
+
+
+# -- WebSocket refusals -----------------------------------------------------------------------------
+
+
+async def test_websocket_refusals_are_403_before_accept(site: OAuthSite) -> None:
+    """daphne cannot answer an upgrade with a 401 or a challenge: every refusal is a 403."""
+    for headers in (
+        {},
+        bearer("not-a-dot-token-123456"),
+        bearer(site.tokens["expired"]),
+        bearer(site.tokens["observe-only"]),
+    ):
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(site.server.ws_url, additional_headers=headers, proxy=None):
+                pass
+        assert refused.value.response.status_code == 403
+
+
+# -- attaching: the session scopes ---------------------------------------------------------------
+
+
+async def test_attaching_needs_the_session_scope_of_the_role(site: OAuthSite, http: httpx.AsyncClient) -> None:
+    async with connect(site.server.ws_url, additional_headers=bearer(site.tokens["all"]), proxy=None) as ws:
+        await request(ws, 0, "initialize", {"protocolVersion": 1})
+        new = await request(ws, 1, "session/new", {"cwd": "/tmp", "mcpServers": []})
+        session_id = new["answer"]["result"]["sessionId"]
+        observe = {"Acp-Attach-Session": session_id, "Acp-Attach-Role": "observer"}
+        control = {"Acp-Attach-Session": session_id, "Acp-Attach-Role": "controller"}
+        for token, headers, scope in (
+            ("connect", observe, f"{CONNECT} {OBSERVE}"),
+            ("connect", control, f"{CONNECT} {CONTROL}"),
+            ("observer", control, f"{CONNECT} {CONTROL}"),
+        ):
+            refused = await initialize(http, site.server.url, site.tokens[token], **headers)
+            assert refused.status_code == 403, (token, headers)
+            assert refused.headers["www-authenticate"] == site.challenge(scope, "insufficient_scope")
+        for token, headers in (("observer", observe), ("all", control), ("all", observe)):
+            attached = await initialize(http, site.server.url, site.tokens[token], **headers)
+            assert attached.status_code == 200, (token, headers, attached.text)
+            owner = {**bearer(site.tokens[token]), "Acp-Connection-Id": attached.headers["acp-connection-id"]}
+            assert (await http.delete(site.server.url, headers=owner)).status_code == 202
+        # A browser's WebSocket attaches by the query: the same rule.
+        query = f"?acp_attach_session={session_id}&acp_attach_role=controller"
+        with pytest.raises(InvalidStatus) as refused_ws:
+            async with connect(
+                site.server.ws_url + query, additional_headers=bearer(site.tokens["observer"]), proxy=None
+            ):
+                pass
+        assert refused_ws.value.response.status_code == 403
+
+
+# -- the official SDK clients ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["http", "ws"])
+@pytest.mark.parametrize("client", ["typescript", "python"])
+def test_official_client_with_a_dot_token(site: OAuthSite, flow_token: str, client: str, transport: str) -> None:
+    url = site.server.url if transport == "http" else site.server.ws_url
+    summary = run_driver(client, url, transport, env_token=flow_token)
+    assert summary["ok"] is True, summary
+    assert summary["auth"] == "bearer" and summary["chunks"] == 50
+    assert summary["permission"] == "permission: allow" and summary["cancel"] == "cancelled"
+    assert flow_token not in summary["output"]
+
+
+@pytest.mark.parametrize("transport", ["http", "ws"])
+@pytest.mark.parametrize("client", ["typescript", "python"])
+def test_official_client_with_an_expired_dot_token_is_refused(site: OAuthSite, client: str, transport: str) -> None:
+    url = site.server.url if transport == "http" else site.server.ws_url
+    summary = run_driver(client, url, transport, env_token=site.tokens["expired"])
+    assert summary["returncode"] == 1 and summary["ok"] is False
+    assert summary["status"] == (401 if transport == "http" else 403), summary
+    assert "timed out" not in summary["error"]
