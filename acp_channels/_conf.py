@@ -190,6 +190,14 @@ class AcpSettings:
     TOKEN_LOOKUP: Setting[str | None] = Setting(None, "acp_channels.E022")
     # For the settings token lookup (a shared team token): {token: principal id}.
     TOKENS: Setting[Mapping[str, str]] = Setting({}, "acp_channels.E024")
+    # WebSocket tickets (POST <endpoint>/tickets, the acp-ticket.<ticket> subprotocol): how long
+    # one is valid (at most 60: E090), and the alias in CACHES they are kept in, which every
+    # worker must share (E091).
+    TICKET_SECONDS = Number(60.0, "acp_channels.E090")
+    TICKET_CACHE: Setting[str] = Setting("default", "acp_channels.E091")
+    # Accept a bearer token in the WebSocket subprotocol acp.bearer.<token>, for old browser
+    # clients (a system check warns: W090). Off: browsers use tickets.
+    ALLOW_BEARER_SUBPROTOCOL = Flag(False, "acp_channels.E092")
     # A Django permission ("app_label.codename") a user must have, for the authenticators that
     # yield Django users. None: any authenticated user.
     REQUIRED_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E023")

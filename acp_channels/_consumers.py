@@ -24,6 +24,7 @@ from acp_channels import _cors as cors
 from acp_channels import _daphne_compat as daphne_compat
 from acp_channels import _metrics as metrics
 from acp_channels import _protocol as protocol
+from acp_channels import _tickets as tickets
 from acp_channels._attach import attach_request, open_attachment
 from acp_channels._conf import acp_settings
 from acp_channels._gateway import (
@@ -165,7 +166,7 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return
         try:
             # Once, at the upgrade: every frame on the socket is this principal's.
-            principal = await authenticate(context)
+            principal = await self.authenticate(context)
         except Refused as refused:
             # Before accept: daphne answers 403 (it cannot send a 401 or a challenge there).
             logger.info("refused a WebSocket upgrade from %s: %s", context.remote_address or "-", refused)
@@ -218,6 +219,18 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.refuse_with(refusal, subprotocol)
             return
         await self.attach(socket, connection.connection_id, subprotocol, [])
+
+    @staticmethod
+    async def authenticate(context: RequestContext) -> Principal:
+        """A ticket's principal (the acp-ticket.<ticket> subprotocol: taken once, from the Origin
+        it was issued for), else the authenticator's. Raises Refused."""
+        ticket = tickets.offered_ticket(context.subprotocols)
+        if ticket is None:
+            return await authenticate(context)
+        principal = await tickets.take(ticket, context.header("origin"))
+        if principal is None:
+            raise Refused.unauthenticated(tickets.TICKET_REFUSED)
+        return principal
 
     async def reattach(self, request: Reattach, principal: Principal, subprotocol: str | None) -> None:
         """A new socket for a connection whose socket dropped (or is about to be replaced):

@@ -52,8 +52,9 @@ ACP_ALLOW_HEADERS: Final[tuple[str, ...]] = (
 ACP_ALLOW_METHODS: Final[tuple[str, ...]] = ("DELETE", "GET", "OPTIONS", "POST")
 #: The URL name of the endpoint in acp_channels.urls.
 ENDPOINT_URL_NAME: Final = "acp"
-#: The URLs that answer across origins: the endpoint, and the session directory beside it.
-CORS_URL_NAMES: Final = frozenset((ENDPOINT_URL_NAME, "acp-sessions"))
+#: The URLs that answer across origins: the endpoint, and the session directory and the
+#: WebSocket tickets beside it.
+CORS_URL_NAMES: Final = frozenset((ENDPOINT_URL_NAME, "acp-sessions", "acp-tickets"))
 
 
 ORIGIN_NOT_ALLOWED = "origin not allowed"

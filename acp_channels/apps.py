@@ -13,6 +13,7 @@ class AcpChannelsConfig(AppConfig):
         from acp_channels import _checks as checks  # noqa: F401
         from acp_channels import _directory  # noqa: F401  (answers _acp-channels/sessions/list)
         from acp_channels._oauth_checks import check_oauth  # noqa: F401  (the OAuth settings' system checks)
+        from acp_channels._tickets import check_tickets  # noqa: F401  (WebSocket tickets' system checks)
 
         _skip_database_request_hooks()
         from acp_channels import _logs as logs

@@ -92,12 +92,16 @@ class RequestContext:
     @functools.cached_property
     def bearer_token(self) -> str | None:
         """The token of `Authorization: Bearer <token>`, else (WebSocket) of an offered
-        `acp.bearer.<token>` subprotocol. Never the query string: URLs end up in logs."""
+        `acp.bearer.<token>` subprotocol when ALLOW_BEARER_SUBPROTOCOL is on (old browser
+        clients; browsers use tickets, acp_channels._tickets). Never the query string: URLs end
+        up in logs."""
         authorization = self.header("authorization")
         if authorization is not None:
             scheme, _, token = authorization.partition(" ")
             if scheme.lower() == "bearer" and token.strip():
                 return token.strip()
+        if acp_settings.ALLOW_BEARER_SUBPROTOCOL is not True:
+            return None
         for offered in self.subprotocols:
             if offered.startswith(BEARER_SUBPROTOCOL_PREFIX) and len(offered) > len(BEARER_SUBPROTOCOL_PREFIX):
                 return offered[len(BEARER_SUBPROTOCOL_PREFIX) :]

@@ -71,6 +71,17 @@ CHANNEL_LAYERS = {
     if REDIS_URL
     else {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 }
+# WebSocket tickets (docs/authentication.md#tickets) are kept in the cache: with several workers,
+# one they all share (the layer's Redis), else a ticket issued by one is unknown to the others.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": os.environ.get("ACP_REDIS_PREFIX", "asgi"),
+    }
+    if REDIS_URL
+    else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
 
 
 def _origins(value: str) -> list[str]:

@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_safe
 
 PAGE = Path(__file__).resolve().parent / "pages" / "index.html"
@@ -38,6 +39,7 @@ def content_security_policy() -> str:
 
 
 @require_safe
+@ensure_csrf_cookie  # a site with logged-in users: the page sends it when it asks for a WebSocket ticket
 def index(request: HttpRequest) -> HttpResponse:
     return HttpResponse(
         _page(),

@@ -74,7 +74,10 @@ def test_bearer_token_from_the_authorization_header(authorization: str, token: s
     assert ws_context(("authorization", authorization)).bearer_token == token
 
 
-def test_bearer_token_from_the_subprotocol_only_over_websocket() -> None:
+def test_bearer_token_from_the_subprotocol_only_when_allowed(settings: Any) -> None:
+    """Off by default (browsers use tickets); ALLOW_BEARER_SUBPROTOCOL for old clients."""
+    assert ws_context(subprotocols=["acp", "acp.bearer.s3cret-_x"]).bearer_token is None
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "ALLOW_BEARER_SUBPROTOCOL": True}
     context = ws_context(subprotocols=["acp", "acp.bearer.s3cret-_x"])
     assert context.bearer_token == "s3cret-_x"
     assert ws_context(subprotocols=["acp", "acp.bearer."]).bearer_token is None
@@ -108,7 +111,7 @@ async def test_no_authenticator_is_anonymous() -> None:
 
 async def test_bearer_token_principals_users_and_refusals(token_auth: None) -> None:
     assert await authenticate(ws_context(("authorization", f"Bearer {tokens.ALICE}"))) == ALICE
-    dave = await authenticate(ws_context(subprotocols=["acp", f"acp.bearer.{tokens.DAVE}"]))
+    dave = await authenticate(ws_context(("authorization", f"Bearer {tokens.DAVE}")))
     assert dave == Principal("user", "4") and dave.display == "dave"
     refusals = {
         "none": ws_context(),
@@ -310,9 +313,17 @@ async def test_quota_per_principal_and_audit_lines(
 # -- the WebSocket edge ------------------------------------------------------------------------------
 
 
-async def test_websocket_refused_before_accept_and_accepted_with_acp(token_auth: None, wire_agent: None) -> None:
+async def test_websocket_refused_before_accept_and_accepted_with_acp(
+    token_auth: None, wire_agent: None, settings: Any
+) -> None:
+    """The token in the subprotocol acp.bearer.<token>: refused by default, accepted (answered
+    with `acp`) with ALLOW_BEARER_SUBPROTOCOL."""
     application = build_asgi_application()
     before = len(registry)
+    offered = ["acp", f"acp.bearer.{tokens.ALICE}"]
+    refused = WebsocketCommunicator(application, "/acp", headers=[(b"host", b"testserver")], subprotocols=offered)
+    assert await refused.connect(5) == (False, 1000)  # off by default: as if no token were sent
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "ALLOW_BEARER_SUBPROTOCOL": True}
     for offered in (["acp"], ["acp", "acp.bearer.wrong"], ["acp", f"acp.bearer.{tokens.CAROL}"]):
         refused = WebsocketCommunicator(application, "/acp", headers=[(b"host", b"testserver")], subprotocols=offered)
         assert await refused.connect(5) == (False, 1000)  # closed before accept (a server answers 403)

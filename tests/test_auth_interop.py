@@ -73,7 +73,8 @@ def bearer_server(request: pytest.FixtureRequest) -> Iterator[BearerServer]:
         gate = cast(PeerServer, request.getfixturevalue("gated_py_sdk_server"))
         yield BearerServer(request.param, gate.port)
         return
-    daphne = DaphneServer(env={"ACP_TOKEN": TOKEN}).start()
+    # The SDK's subprotocol form (acp.bearer.<token>) is opt-in on the server: old clients.
+    daphne = DaphneServer(env={"ACP_TOKEN": TOKEN, "ACP_ALLOW_BEARER_SUBPROTOCOL": "1"}).start()
     try:
         yield BearerServer(request.param, daphne.port, daphne)
     finally:

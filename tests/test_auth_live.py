@@ -228,18 +228,14 @@ async def test_websocket_without_a_token_is_refused_before_accept(server: Daphne
         assert not [token for token in ALL_TOKENS if token in str(refused.value.response.headers)]
 
 
-async def test_websocket_token_in_the_subprotocol(server: DaphneServer | Cluster) -> None:
-    offered = ["acp", f"acp.bearer.{tokens.ALICE}"]
-    async with connect(server.ws_url, subprotocols=offered, proxy=None) as ws:  # type: ignore[list-item]
-        assert ws.subprotocol == "acp"
-        assert ws.response is not None
-        assert ws.response.headers["Sec-WebSocket-Protocol"] == "acp"  # the 101 never names the token
-        await ws.send(json.dumps(rpc(4, "test/echo", {})))
-        assert json.loads(await asyncio.wait_for(ws.recv(), 10))["id"] == 4
-    with pytest.raises(InvalidStatus) as refused:  # a wrong token in the subprotocol
-        async with connect(server.ws_url, subprotocols=["acp", "acp.bearer.wrong"], proxy=None):  # type: ignore[list-item]
-            pass
-    assert refused.value.response.status_code == 403
+async def test_websocket_token_in_the_subprotocol_is_refused_by_default(server: DaphneServer | Cluster) -> None:
+    """acp.bearer.<token> is for old clients, with ALLOW_BEARER_SUBPROTOCOL (tests/test_auth.py,
+    tests/test_bridge_live.py); browsers use tickets (tests/test_tickets_live.py)."""
+    for offered in (["acp", f"acp.bearer.{tokens.ALICE}"], ["acp", "acp.bearer.wrong"]):
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(server.ws_url, subprotocols=offered, proxy=None):  # type: ignore[list-item]
+                pass
+        assert refused.value.response.status_code == 403
 
 
 async def test_websocket_with_the_header_names_acp_when_offered(server: DaphneServer | Cluster) -> None:
@@ -300,7 +296,7 @@ async def test_audit_lines_at_open_and_end(server: DaphneServer | Cluster, http:
         ended.rstrip(),
     ), ended
 
-    async with connect(server.ws_url, subprotocols=["acp", f"acp.bearer.{tokens.BOB}"], proxy=None) as ws:  # type: ignore[list-item]
+    async with connect(server.ws_url, subprotocols=["acp"], additional_headers=bearer(tokens.BOB), proxy=None) as ws:  # type: ignore[list-item]
         assert ws.response is not None
         socket_id = ws.response.headers["Acp-Connection-Id"]
         await wait_for_line(

@@ -333,7 +333,8 @@ async def test_frames_pass_byte_for_byte_over_websocket(
 @pytest.fixture(scope="module")
 def token_server() -> Iterator[DaphneServer]:
     """The demo with the shared bearer token turned on (ACP_TOKEN on the server side)."""
-    server = DaphneServer(env={"ACP_TOKEN": TOKEN}).start()
+    # The bridge's --token-subprotocol is the old browser form: opt-in on the server.
+    server = DaphneServer(env={"ACP_TOKEN": TOKEN, "ACP_ALLOW_BEARER_SUBPROTOCOL": "1"}).start()
     yield server
     server.stop()
 

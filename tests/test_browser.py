@@ -478,7 +478,9 @@ def test_an_agent_error_is_shown_in_its_session(demo: Demo, server: DaphneServer
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_token_is_needed_and_accepted(demo: Demo, token_server: DaphneServer, transport: str) -> None:
-    """Over HTTP the token is an Authorization header, over WebSocket a subprotocol; never in a URL."""
+    """Over HTTP the token is an Authorization header; over WebSocket it buys a single-use ticket
+    (POST /acp/tickets) that the socket offers as a subprotocol. Never in a URL, never in the
+    upgrade, never in the server's log."""
     requests: list[Request] = []
     sockets: list[str] = []
     demo.page.on("request", lambda request: requests.append(request))
@@ -499,9 +501,14 @@ def test_a_token_is_needed_and_accepted(demo: Demo, token_server: DaphneServer, 
     if transport == "http":
         assert acp and all(request.headers.get("authorization") == f"Bearer {TOKEN}" for request in acp[-3:])
     else:
-        # Refused without the token, then accepted with it: a page can set no header on a
-        # WebSocket and the URL has no token, so the principal came in the subprotocol.
-        assert sockets == [token_server.ws_url, token_server.ws_url]
+        # Refused without the token (the ticket's POST: 401, so no socket), then accepted with it:
+        # the ticket was bought with the token, and the socket's URL has neither.
+        tickets = [request for request in requests if request.url == token_server.url + "/tickets"]
+        assert [request.method for request in tickets] == ["POST", "POST"]
+        assert "authorization" not in tickets[0].headers
+        assert tickets[1].headers.get("authorization") == f"Bearer {TOKEN}"
+        assert sockets == [token_server.ws_url]
+    assert TOKEN not in "".join(token_server.log)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

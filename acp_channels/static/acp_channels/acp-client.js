@@ -73,9 +73,14 @@ export const NOT_THIS_SESSION = -32013;
  * @typedef {object} AcpClientOptions
  * @property {string} [url] the endpoint, absolute or relative to the page (default "/acp")
  * @property {Transport} [transport] "websocket" (default) or "http" (HTTP+SSE over fetch)
- * @property {string} [token] a bearer token: the `Authorization` header over HTTP, the
- *   `acp.bearer.<token>` subprotocol over WebSocket; without one, cookies (same origin) apply
+ * @property {string} [token] a bearer token: the `Authorization` header over HTTP; over
+ *   WebSocket it asks for a single-use ticket (`POST <endpoint>/tickets`) before each socket,
+ *   offered as the subprotocol `acp-ticket.<ticket>`. Without one, cookies (same origin) apply
  * @property {RequestCredentials} [credentials] fetch's credentials mode (default "same-origin")
+ * @property {string | null} [ticketUrl] where WebSocket tickets are issued (default
+ *   `<url>/tickets`; null: open sockets without a ticket, cookies alone)
+ * @property {string} [csrfCookieName] the site's CSRF cookie (Django's CSRF_COOKIE_NAME, default
+ *   "csrftoken"): without a token its value goes along as X-CSRFToken when asking for a ticket
  * @property {{ name: string, title?: string, version: string }} [clientInfo]
  * @property {object} [clientCapabilities] sent in initialize (default: no fs, no terminal)
  * @property {number} [maxSessionStreams] HTTP only: session streams open at once (default 4,
@@ -150,6 +155,9 @@ export class AcpClient extends EventTarget {
       throw new AcpError(`unknown attach role ${JSON.stringify(this.attachRole)}`);
     }
     this.directoryUrl = options.directoryUrl ?? null;
+    /** @type {string | null} */
+    this.ticketUrl = options.ticketUrl === null ? null : new URL(options.ticketUrl ?? `${this.url.replace(/[?#].*$/, "").replace(/\/+$/, "")}/tickets`, this.url).href;
+    this.csrfCookieName = options.csrfCookieName ?? "csrftoken";
     this.storageKey = `acp-client ${this.transport} ${this.url}${this.attachSession ? ` attach ${this.attachRole} ${this.attachSession}` : ""}`;
     /** @type {number} */
     this.maxSessionStreams = options.maxSessionStreams ?? DEFAULT_MAX_SESSION_STREAMS;
@@ -890,13 +898,40 @@ export class AcpClient extends EventTarget {
   }
 
   /**
-   * Open a socket; resolves once it is open, rejects (with the reason, found out over HTTP)
-   * when it is refused.
+   * A single-use ticket for the next socket (`POST <endpoint>/tickets`, with the token or the
+   * site's cookies and CSRF token): a page can set no header on a WebSocket, and a token must
+   * not travel in its URL or subprotocol. null where the server issues none (404, 405): the
+   * socket goes with cookies alone.
+   * @returns {Promise<string | null>}
+   */
+  async #ticket() {
+    if (this.ticketUrl === null) return null;
+    /** @type {Record<string, string>} */
+    const headers = { Accept: "application/json", ...this.#authHeaders() };
+    const csrf = this.token ? null : cookie(this.csrfCookieName);
+    if (csrf && new URL(this.ticketUrl).origin === globalThis.location?.origin) headers["X-CSRFToken"] = csrf;
+    let response;
+    try {
+      response = await fetch(this.ticketUrl, { method: "POST", headers, credentials: this.credentials, cache: "no-store" });
+    } catch (/** @type {any} */ error) {
+      throw (await this.diagnose()) ?? new AcpError(`cannot ask ${this.ticketUrl} for a WebSocket ticket: ${error?.message ?? error}`, { kind: "unreachable" });
+    }
+    if (response.status === 404 || response.status === 405) return null;
+    if (response.status !== 200) throw await httpError(response, `a WebSocket ticket (${this.ticketUrl})`, Boolean(this.token));
+    const body = await response.json();
+    if (typeof body?.ticket !== "string") throw new AcpError(`${this.ticketUrl} answered no ticket`, { kind: "http", status: 200 });
+    return body.ticket;
+  }
+
+  /**
+   * Open a socket, with a fresh ticket; resolves once it is open, rejects (with the reason,
+   * found out over HTTP) when it is refused.
    * @param {string} query
    * @returns {Promise<WebSocket>}
    */
-  #openSocket(query = "") {
-    const protocols = this.token ? ["acp", `acp.bearer.${this.token}`] : ["acp"];
+  async #openSocket(query = "") {
+    const ticket = await this.#ticket();
+    const protocols = ticket ? ["acp", `acp-ticket.${ticket}`] : ["acp"];
     const attaching = query.startsWith("?acp_attach_session=");
     return new Promise((resolve, reject) => {
       let socket;
@@ -1139,6 +1174,16 @@ function refusal(status, text, withToken) {
     return new AcpError(`the server refused the credentials (401${text ? `: ${text}` : ""}): ${advice}`, { kind: "auth", status });
   }
   return new AcpError(`the server refused access (403${text ? `: ${text}` : ""})`, { kind: "auth", status });
+}
+
+/** A cookie of this page, or null. @param {string} name @returns {string | null} */
+function cookie(name) {
+  const cookies = globalThis.document?.cookie ?? "";
+  for (const pair of cookies.split(";")) {
+    const [key, ...value] = pair.trim().split("=");
+    if (key === name) return decodeURIComponent(value.join("="));
+  }
+  return null;
 }
 
 /** @param {unknown} error @returns {AcpError} */
