@@ -195,6 +195,12 @@ DJANGO_USER_AUTHENTICATOR = "acp_channels.auth.django_user"
 BEARER_TOKEN_AUTHENTICATOR = "acp_channels.auth.bearer_token"
 SETTINGS_TOKENS_LOOKUP = "acp_channels.auth.settings_tokens"
 AUTHENTICATION_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+TOKENS_APP = "acp_channels.tokens"
+TOKEN_LOOKUP_HINT = (
+    f'Add "{TOKENS_APP}" to INSTALLED_APPS and leave TOKEN_LOOKUP unset (tokens issued with '
+    "`manage.py acp_token create USER`), or name a callable token -> user | Principal | None, or "
+    f'"{SETTINGS_TOKENS_LOOKUP}" with TOKENS (docs/authentication.md).'
+)
 AUTH_HINT = (
     'Set ACP_CHANNELS["AUTHENTICATE"] (e.g. "acp_channels.auth.django_user" or '
     '"acp_channels.auth.bearer_token"), or ACP_CHANNELS["ALLOW_ANONYMOUS"] = True to serve '
@@ -208,7 +214,8 @@ def _check_authentication(agent: Any) -> list[CheckMessage]:
     authenticate = acp_settings.AUTHENTICATE
     token_lookup = acp_settings.TOKEN_LOOKUP
     errors += _check_dotted_callable("AUTHENTICATE", authenticate, "acp_channels.E021")
-    errors += _check_dotted_callable("TOKEN_LOOKUP", token_lookup, "acp_channels.E022")
+    errors += _check_dotted_callable("TOKEN_LOOKUP", token_lookup, "acp_channels.E022", TOKEN_LOOKUP_HINT)
+    errors += _check_dotted_callable("REVALIDATE", acp_settings.REVALIDATE, "acp_channels.E061")
     for name, check_id in (
         ("REQUIRED_PERMISSION", "acp_channels.E023"),
         ("SESSIONS_VIEW_ALL_PERMISSION", "acp_channels.E042"),
@@ -241,29 +248,39 @@ def _check_authentication(agent: Any) -> list[CheckMessage]:
             )
     if authenticate == DJANGO_USER_AUTHENTICATOR:
         errors += _check_session_auth()
-    if authenticate == BEARER_TOKEN_AUTHENTICATOR and token_lookup is None:
+    if authenticate == BEARER_TOKEN_AUTHENTICATOR and token_lookup is None and not builtin_tokens():
         errors.append(
             Error(
                 "The bearer_token authenticator needs ACP_CHANNELS['TOKEN_LOOKUP'].",
-                hint=f'Name a callable token -> user | Principal | None, or "{SETTINGS_TOKENS_LOOKUP}" with TOKENS.',
+                hint=TOKEN_LOOKUP_HINT,
                 id="acp_channels.E022",
             )
         )
     return errors
 
 
-def _check_dotted_callable(name: str, path: Any, check_id: str) -> list[CheckMessage]:
+def _check_dotted_callable(name: str, path: Any, check_id: str, hint: str | None = None) -> list[CheckMessage]:
     if path is None:
         return []
     if not isinstance(path, str) or not path:
-        return [Error(f"ACP_CHANNELS['{name}'] must be a dotted path to a callable, not {path!r}.", id=check_id)]
+        return [
+            Error(f"ACP_CHANNELS['{name}'] must be a dotted path to a callable, not {path!r}.", hint=hint, id=check_id)
+        ]
     try:
         found = import_string(path)
     except Exception as error:  # ImportError, or the module itself failing to import
-        return [Error(f"ACP_CHANNELS['{name}'] = {path!r} cannot be imported: {error}", id=check_id)]
+        hint = "Check the module's name and that it imports on its own (python -c 'import …'). " + (hint or "")
+        return [Error(f"ACP_CHANNELS['{name}'] = {path!r} cannot be imported: {error}", hint=hint, id=check_id)]
     if not callable(found):
-        return [Error(f"ACP_CHANNELS['{name}'] = {path!r} is not callable.", id=check_id)]
+        return [Error(f"ACP_CHANNELS['{name}'] = {path!r} is not callable.", hint=hint, id=check_id)]
     return []
+
+
+def builtin_tokens() -> bool:
+    """bearer_token looks tokens up in acp_channels.tokens (installed, no TOKEN_LOOKUP named)."""
+    from django.apps import apps
+
+    return acp_settings.TOKEN_LOOKUP is None and apps.is_installed(TOKENS_APP)
 
 
 def is_permission(value: Any) -> bool:

@@ -201,6 +201,13 @@ class AcpSettings:
     # A Django permission ("app_label.codename") a user must have, for the authenticators that
     # yield Django users. None: any authenticated user.
     REQUIRED_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E023")
+    # Every this many seconds each process asks whether the credentials of its live connections
+    # still hold (a token revoked or expired, a user deactivated or without REQUIRED_PERMISSION)
+    # and ends those that do not (reason "revoked"). None: never (their next request is refused).
+    REVALIDATE_SECONDS = OptionalNumber(5.0, float, "acp_channels.E060")
+    # A dotted path to that check, sync or async: principals -> those no longer valid. None:
+    # the built-in one (acp_channels.tokens' tokens, Django users' REQUIRED_PERMISSION).
+    REVALIDATE: Setting[str | None] = Setting(None, "acp_channels.E061")
     # A Django permission ("app_label.codename") whose users see every principal's connections
     # and sessions in the directory (GET /acp/sessions). None: each sees only its own.
     SESSIONS_VIEW_ALL_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E042")

@@ -18,11 +18,14 @@ TransportKind = Literal["http", "websocket"]
 class Principal:
     """An authenticated party: `kind` names the realm ("user" for Django users, "token" for a
     token with no user, "anonymous"), `id` is unique within it, `display` is for logs only
-    (never compared)."""
+    (never compared). `credential` names what it authenticated with, never the secret (e.g.
+    "acp_tokens:42", the built-in token 42; "" for none): what the credential sweep asks about
+    (`acp_channels._revalidate`); never compared either."""
 
     kind: str
     id: str
     display: str = ""
+    credential: str = ""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Principal) and (self.kind, self.id) == (other.kind, other.id)
@@ -35,12 +38,15 @@ class Principal:
         return f"{self.kind}:{shown}" if shown else self.kind
 
     def to_wire(self) -> list[str]:
-        return [self.kind, self.id, self.display]
+        wire = [self.kind, self.id, self.display]
+        return [*wire, self.credential] if self.credential else wire
 
     @classmethod
     def from_wire(cls, value: Any) -> Principal:
-        kind, principal_id, display = value
-        return cls(str(kind), str(principal_id), str(display))
+        if not isinstance(value, list | tuple) or len(value) not in (3, 4):
+            raise ValueError("a principal is [kind, id, display] or [kind, id, display, credential]")
+        kind, principal_id, display, *credential = value
+        return cls(str(kind), str(principal_id), str(display), str(credential[0]) if credential else "")
 
 
 #: Everyone, when no authentication is configured (ACP_CHANNELS["AUTHENTICATE"] is None).

@@ -24,7 +24,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from acp_channels._checks import DJANGO_USER_AUTHENTICATOR, is_permission
+from acp_channels._checks import BEARER_TOKEN_AUTHENTICATOR, DJANGO_USER_AUTHENTICATOR, builtin_tokens, is_permission
 from acp_channels._conf import acp_settings
 from acp_channels._patches import untested_versions
 
@@ -270,9 +270,11 @@ def _permission_message(permission: str, problem: str) -> CheckMessage:
 
 
 def _users_are_djangos() -> bool:
-    """The users REQUIRED_PERMISSION applies to are Django's session users, whose permissions
-    Django's ModelBackend decides (AUTHENTICATION_BACKENDS has no other)."""
-    if acp_settings.AUTHENTICATE != DJANGO_USER_AUTHENTICATOR:
+    """The users REQUIRED_PERMISSION applies to are Django's (session users, or the users of
+    acp_channels.tokens' tokens), whose permissions Django's ModelBackend decides
+    (AUTHENTICATION_BACKENDS has no other)."""
+    builtin = acp_settings.AUTHENTICATE == BEARER_TOKEN_AUTHENTICATOR and builtin_tokens()
+    if acp_settings.AUTHENTICATE != DJANGO_USER_AUTHENTICATOR and not builtin:
         return False
     from django.contrib.auth.backends import ModelBackend
 

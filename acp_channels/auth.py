@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from asgiref.sync import sync_to_async
+from django.apps import apps
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
@@ -41,6 +42,9 @@ BEARER_SUBPROTOCOL_PREFIX: Final = "acp.bearer."
 #: The challenge of a 401 (RFC 6750); `error="invalid_token"` is added when a token was wrong.
 REALM: Final = DEFAULT_CHALLENGE
 CROSS_SITE: Final = "cross-site request refused"
+#: The optional app of built-in tokens, and its lookup (bearer_token's when TOKEN_LOOKUP is None).
+TOKENS_APP: Final = "acp_channels.tokens"
+BUILTIN_TOKEN_LOOKUP: Final = "acp_channels.tokens._lookup.lookup"
 
 
 class RequestContext:
@@ -196,11 +200,14 @@ async def django_user(context: RequestContext) -> Principal:
 async def bearer_token(context: RequestContext) -> Principal:
     """`Authorization: Bearer <token>` (or the `acp.bearer.<token>` subprotocol), looked up by
     ACP_CHANNELS["TOKEN_LOOKUP"]: token -> a Django user (then REQUIRED_PERMISSION applies), a
-    Principal, or None (401 invalid_token)."""
+    Principal, or None (401 invalid_token). No TOKEN_LOOKUP, and the `acp_channels.tokens`
+    app installed: its tokens (`acp_channels.tokens._lookup.lookup`)."""
     token = context.bearer_token
     if token is None:
         raise Refused.invalid_token() if context.header("authorization") is not None else Refused.unauthenticated()
     path: str | None = acp_settings.TOKEN_LOOKUP
+    if path is None and apps.is_installed(TOKENS_APP):
+        path = BUILTIN_TOKEN_LOOKUP  # the acp_channels.tokens app's tokens
     if path is None:
         raise Refused.invalid_token()  # misconfigured (a system check says so): nobody gets in
     found = await call_maybe_async(_callable(path), token)

@@ -341,7 +341,15 @@ class WorkerFailed(ServerFault):
 
 
 EndReason = Literal[
-    "delete", "idle", "socket closed", "agent ended", "shutdown", "initialize failed", "send failed", "fell behind"
+    "delete",
+    "idle",
+    "socket closed",
+    "agent ended",
+    "shutdown",
+    "initialize failed",
+    "send failed",
+    "fell behind",
+    "revoked",  # its credential no longer holds (REVALIDATE_SECONDS)
 ]
 
 

@@ -11,6 +11,7 @@ from acp_channels._conf import acp_settings
 from acp_channels._host.attachments import detached_seconds, expire_permissions, kept_detached
 from acp_channels._host.budget import WorkerBudget
 from acp_channels._host.connection import ConnectionHost
+from acp_channels._host.credentials import CredentialSweep
 from acp_channels._identity import ANONYMOUS, AgentContext, Principal, TransportKind
 from acp_channels.errors import DETACHED_QUOTA, QuotaExceeded, ServerFull
 
@@ -30,6 +31,8 @@ class Registry:
         self._reaper: asyncio.Task[None] | None = None
         self.budget = WorkerBudget(lambda: acp_settings.MAX_WORKER_BUFFERED_BYTES)
         self._empty_waiters: list[asyncio.Future[None]] = []
+        #: Ends the connections whose credential no longer holds (REVALIDATE_SECONDS).
+        self.credentials = CredentialSweep(self.__iter__)
 
     def __len__(self) -> int:
         return len(self._hosts)
@@ -94,6 +97,7 @@ class Registry:
             remote_address or "-",
         )
         self._ensure_reaper()
+        self.credentials.ensure(principal)
         return host
 
     def _detached_quota(self, principal: Principal) -> QuotaExceeded | None:

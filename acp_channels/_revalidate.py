@@ -1,0 +1,108 @@
+"""Whether the credentials of live connections still hold: the built-in REVALIDATE check.
+
+A connection keeps the principal it was opened with; the credential sweep
+(`acp_channels._host.credentials`) asks, every REVALIDATE_SECONDS in each process, which of the
+principals of its connections are no longer valid, and ends their connections. This is the
+check it asks unless REVALIDATE names another: a principal carrying a token of
+`acp_channels.tokens` is invalid once the token is revoked, expired or deleted, or its user
+inactive; a Django user ("user" principal of `django_user`, or of such a token) once it lacks
+REQUIRED_PERMISSION. One query per kind of question for the whole set, not one per connection.
+Other principals (settings tokens, a custom lookup's) are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.apps import apps
+from django.conf import settings
+from django.db import close_old_connections
+
+from acp_channels._checks import DJANGO_USER_AUTHENTICATOR, TOKENS_APP
+from acp_channels._conf import acp_settings
+from acp_channels._identity import Principal
+from acp_channels._startup import MODEL_BACKEND
+from acp_channels.auth import _callable, call_maybe_async, user_has_permission
+
+
+async def invalid_principals(principals: Collection[Principal]) -> list[Principal]:
+    """The REVALIDATE check: of `principals`, those no longer valid (a list: principals compare
+    without their credential)."""
+    try:
+        path = acp_settings.REVALIDATE
+        if path is not None:
+            return list(await call_maybe_async(_callable(path), list(principals)) or ())
+        return await builtin_check(principals)
+    finally:
+        # The sweep's database connection is no request's: closed as a request's would be
+        # (CONN_MAX_AGE), and never kept broken.
+        await sync_to_async(close_old_connections)()
+
+
+async def builtin_check(principals: Collection[Principal]) -> list[Principal]:
+    """Tokens of acp_channels.tokens, and REQUIRED_PERMISSION of Django users."""
+    from acp_channels.tokens.models import CREDENTIAL_PREFIX
+
+    invalid: list[Principal] = []
+    tokens = apps.is_installed(TOKENS_APP)
+    if tokens:
+        from acp_channels.tokens._lookup import invalid_tokens
+
+        carrying = [principal for principal in principals if principal.credential.startswith(CREDENTIAL_PREFIX)]
+        if carrying:
+            invalid += await invalid_tokens(carrying)
+    permission = acp_settings.REQUIRED_PERMISSION
+    ended = {principal.credential for principal in invalid}
+    users = [
+        principal
+        for principal in principals
+        if principal.kind == "user"
+        and principal.credential not in ended
+        and (
+            (tokens and principal.credential.startswith(CREDENTIAL_PREFIX))
+            or (not principal.credential and acp_settings.AUTHENTICATE == DJANGO_USER_AUTHENTICATOR)
+        )
+    ]
+    if permission is not None and users:
+        allowed = await permitted_users({principal.id for principal in users}, permission)
+        invalid += [principal for principal in users if principal.id not in allowed]
+    return invalid
+
+
+async def permitted_users(user_ids: set[str], permission: str) -> set[str]:
+    """Which of these Django users are active and have `permission`: one query where Django's
+    ModelBackend alone decides permissions (superusers, the user's own, its groups'), else
+    `has_perm` once per user."""
+    from django.contrib.auth import get_user_model
+    from django.db.models import Q
+
+    model: Any = get_user_model()
+    fields = {field.name for field in model._meta.get_fields()}
+    backends = list(getattr(settings, "AUTHENTICATION_BACKENDS", [MODEL_BACKEND]))
+    if backends != [MODEL_BACKEND] or not {"is_active", "is_superuser", "user_permissions", "groups"} <= fields:
+        return {user_id for user_id in user_ids if await user_has_permission(Principal("user", user_id), permission)}
+    app_label, _, codename = permission.partition(".")
+    granted = Q(content_type__app_label=app_label, codename=codename)
+    from django.contrib.auth.models import Permission
+
+    holders = Permission.objects.filter(granted)
+    query = (
+        model._default_manager.filter(pk__in=_pks(model, user_ids), is_active=True)
+        .filter(Q(is_superuser=True) | Q(user_permissions__in=holders) | Q(groups__permissions__in=holders))
+        .values_list("pk", flat=True)
+        .distinct()
+    )
+    return {str(pk) async for pk in query}
+
+
+def _pks(model: Any, user_ids: Iterable[str]) -> list[Any]:
+    field = model._meta.pk
+    found = []
+    for user_id in user_ids:
+        try:
+            found.append(field.to_python(user_id))
+        except Exception:  # not a pk of this model: not a user of it
+            continue
+    return found
