@@ -46,6 +46,8 @@ DEFAULT_SCOPES: Final[Mapping[str, str]] = {
     CONTROL: "acp:session:control",
 }
 INSUFFICIENT_SCOPE: Final = "insufficient scope"
+#: Where access_token leaves the token's scopes on the RequestContext (token_scopes).
+TOKEN_SCOPES: Final = "oauth_token_scopes"
 
 
 def scope_names() -> dict[str, str]:
@@ -103,7 +105,7 @@ def _first(query: dict[str, list[str]], name: str) -> str | None:
 
 async def access_token(context: RequestContext) -> Principal:
     """AUTHENTICATE: a django-oauth-toolkit access token (`Authorization: Bearer`, or a browser
-    WebSocket's `acp.bearer.<token>` subprotocol) with the scopes the request needs. The
+    WebSocket's `acp.bearer.<token>` subprotocol where allowed) with the scopes it needs. The
     principal is the token's user (REQUIRED_PERMISSION applies), or for a token without one
     (client credentials) `Principal("oauth-client", client_id)`."""
     needed = required_scopes(context)
@@ -117,15 +119,32 @@ async def access_token(context: RequestContext) -> Principal:
     user = found.user
     if user is not None and not getattr(user, "is_active", False):
         raise refusal(context, 401, INVALID_TOKEN, needed, "invalid_token")
-    missing = granted(needed, str(found.scope or "").split())
-    if missing:
-        reason = f"{INSUFFICIENT_SCOPE}: the token needs {' '.join(missing)}"
-        raise refusal(context, 403, reason, needed, "insufficient_scope")
+    scopes = str(found.scope or "").split()
+    refuse_unless_granted(context, scopes)
+    setattr(context, TOKEN_SCOPES, tuple(scopes))  # for what outlives the request (a ticket)
     if user is not None:
         return await user_principal(user)
     application = found.application
     client_id = str(getattr(application, "client_id", "") or "")
     return Principal("oauth-client", client_id, str(getattr(application, "name", "") or client_id))
+
+
+def refuse_unless_granted(context: RequestContext, scopes: Iterable[str]) -> None:
+    """Raise the 403 insufficient_scope refusal unless `scopes` grant what `context` needs. For
+    a credential that stands for a token later (a WebSocket ticket issued to it): keep
+    `token_scopes(context)` with it, and check them here at the upgrade."""
+    needed = required_scopes(context)
+    missing = granted(needed, scopes)
+    if missing:
+        reason = f"{INSUFFICIENT_SCOPE}: the token needs {' '.join(missing)}"
+        raise refusal(context, 403, reason, needed, "insufficient_scope")
+
+
+def token_scopes(context: RequestContext) -> tuple[str, ...] | None:
+    """The scopes of the access token `access_token` accepted for this request (None: it did
+    not authenticate this request)."""
+    scopes: tuple[str, ...] | None = getattr(context, TOKEN_SCOPES, None)
+    return scopes
 
 
 def _validate(token: str, resource: str) -> tuple[Any, str | None]:
@@ -239,4 +258,12 @@ async def metadata(request: HttpRequest, suffix: str = "") -> HttpResponse:
     return response
 
 
-__all__ = ["AUTHENTICATOR", "access_token", "metadata", "required_scope", "required_scopes"]
+__all__ = [
+    "AUTHENTICATOR",
+    "access_token",
+    "metadata",
+    "refuse_unless_granted",
+    "required_scope",
+    "required_scopes",
+    "token_scopes",
+]

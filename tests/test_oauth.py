@@ -128,8 +128,20 @@ async def test_an_insufficient_scope_is_403_with_the_challenge(
         f'Bearer realm="acp", error="insufficient_scope", scope="acp:connect", resource_metadata="{METADATA}"'
     )
     Token.scope = f"{CONNECT} {OBSERVE}"
-    principal = await oauth.access_token(http_context(Authorization="Bearer abc"))
+    context = http_context(Authorization="Bearer abc")
+    assert oauth.token_scopes(context) is None
+    principal = await oauth.access_token(context)
     assert (principal.kind, principal.id) == ("oauth-client", "")
+    # What a ticket issued on this request keeps, and checks at its upgrade.
+    assert oauth.token_scopes(context) == (CONNECT, OBSERVE)
+    oauth.refuse_unless_granted(
+        ws_context(query_string=b"acp_attach_session=s&acp_attach_role=observer"), (CONNECT, OBSERVE)
+    )
+    with pytest.raises(Refused) as refused:
+        oauth.refuse_unless_granted(ws_context(query_string=b"acp_attach_session=s"), (CONNECT, OBSERVE))
+    assert (
+        refused.value.status == 403 and refused.value.text == "insufficient scope: the token needs acp:session:control"
+    )
     with pytest.raises(Refused) as refused:
         await oauth.access_token(http_context(Authorization="Bearer abc", **{"Acp-Attach-Session": "s"}))
     assert refused.value.status == 403 and 'scope="acp:connect acp:session:control"' in str(refused.value.challenge)
