@@ -25,6 +25,7 @@ from acp_channels import _daphne_compat as daphne_compat
 from acp_channels import _metrics as metrics
 from acp_channels import _protocol as protocol
 from acp_channels import _tickets as tickets
+from acp_channels import oauth
 from acp_channels._attach import attach_request, open_attachment
 from acp_channels._conf import acp_settings
 from acp_channels._gateway import (
@@ -223,14 +224,17 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
     @staticmethod
     async def authenticate(context: RequestContext) -> Principal:
         """A ticket's principal (the acp-ticket.<ticket> subprotocol: taken once, from the Origin
-        it was issued for), else the authenticator's. Raises Refused."""
+        it was issued for; an OAuth token's scopes checked for this upgrade), else the
+        authenticator's. Raises Refused."""
         ticket = tickets.offered_ticket(context.subprotocols)
         if ticket is None:
             return await authenticate(context)
-        principal = await tickets.take(ticket, context.header("origin"))
-        if principal is None:
+        taken = await tickets.take(ticket, context.header("origin"))
+        if taken is None:
             raise Refused.unauthenticated(tickets.TICKET_REFUSED)
-        return principal
+        if taken.scopes is not None:
+            oauth.refuse_unless_granted(context, taken.scopes)
+        return taken.principal
 
     async def reattach(self, request: Reattach, principal: Principal, subprotocol: str | None) -> None:
         """A new socket for a connection whose socket dropped (or is about to be replaced):

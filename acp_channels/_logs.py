@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Final
 
 #: The URL names whose refusals are the client's (acp_channels/urls.py).
-OUR_URL_NAMES: Final = frozenset({"acp", "acp-health", "acp-ready", "acp-metrics"})
+OUR_URL_NAMES: Final = frozenset({"acp", "acp-tickets", "acp-health", "acp-ready", "acp-metrics"})
 
 #: Requests whose refusal our code has logged (weak: a request is forgotten with its response).
 _logged: weakref.WeakSet[object] = weakref.WeakSet()

@@ -21,6 +21,7 @@ import math
 import secrets
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from asgiref.sync import sync_to_async
@@ -33,6 +34,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from acp_channels import _cors as cors
+from acp_channels import oauth
 from acp_channels._conf import acp_settings
 from acp_channels._identity import Principal
 from acp_channels._views import error_response, text_response
@@ -57,6 +59,15 @@ DUMMY_CACHE: Final = "django.core.cache.backends.dummy.DummyCache"
 IN_MEMORY_LAYER: Final = "channels.layers.InMemoryChannelLayer"
 
 
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What a valid ticket stood for: its principal, and the scopes of the OAuth access token it
+    was bought with (None: not an OAuth token), checked again at the upgrade."""
+
+    principal: Principal
+    scopes: tuple[str, ...] | None = None
+
+
 def now() -> float:
     """The clock tickets expire by (a test may replace it)."""
     return time.time()
@@ -75,28 +86,34 @@ def lifetime() -> float:
     return min(float(acp_settings.TICKET_SECONDS), MAX_TICKET_SECONDS)
 
 
-async def issue(principal: Principal, origin: str | None) -> tuple[str, float]:
+async def issue(principal: Principal, origin: str | None, scopes: Sequence[str] | None = None) -> tuple[str, float]:
     """A new ticket for `principal`, usable once from `origin` (None: a client that sends no
-    Origin); with the moment it expires (seconds since the epoch)."""
-    return await sync_to_async(issue_sync)(principal, origin)
+    Origin), with the OAuth scopes it was bought with (None: no OAuth token); with the moment
+    it expires (seconds since the epoch)."""
+    return await sync_to_async(issue_sync)(principal, origin, scopes)
 
 
-def issue_sync(principal: Principal, origin: str | None) -> tuple[str, float]:
+def issue_sync(principal: Principal, origin: str | None, scopes: Sequence[str] | None = None) -> tuple[str, float]:
     ticket = secrets.token_urlsafe(32)  # RFC 6455 token characters: it fits a subprotocol
     expires = now() + lifetime()
-    entry = {"principal": principal.to_wire(), "origin": origin, "expires": expires}
+    entry = {
+        "principal": principal.to_wire(),
+        "origin": origin,
+        "expires": expires,
+        "scopes": None if scopes is None else list(scopes),
+    }
     # The store forgets it a little after it expires; the expiry itself is checked at the take.
     _store().set(_key(ticket), entry, math.ceil(lifetime()) + 1)
     return ticket, expires
 
 
-async def take(ticket: str, origin: str | None) -> Principal | None:
-    """The principal of `ticket` when it is valid for `origin`, or None (unknown, taken already,
+async def take(ticket: str, origin: str | None) -> Taken | None:
+    """What `ticket` stands for when it is valid for `origin`, or None (unknown, taken already,
     expired, issued for another origin). It is gone after this, whatever the answer."""
     return await sync_to_async(take_sync)(ticket, origin)
 
 
-def take_sync(ticket: str, origin: str | None) -> Principal | None:
+def take_sync(ticket: str, origin: str | None) -> Taken | None:
     store, key = _store(), _key(ticket)
     entry = store.get(key)
     if not isinstance(entry, Mapping):
@@ -105,10 +122,12 @@ def take_sync(ticket: str, origin: str | None) -> Principal | None:
         return None
     if entry.get("expires", 0) <= now() or entry.get("origin") != origin:
         return None
+    scopes = entry.get("scopes")
     try:
-        return Principal.from_wire(entry["principal"])
+        principal = Principal.from_wire(entry["principal"])
     except (KeyError, TypeError, ValueError):
         return None
+    return Taken(principal, None if scopes is None else tuple(str(scope) for scope in scopes))
 
 
 def offered_ticket(subprotocols: Sequence[str]) -> str | None:
@@ -141,7 +160,7 @@ async def tickets_endpoint(request: HttpRequest) -> HttpResponseBase:
         return error_response(refused)
     if context.used_session and (failed := await sync_to_async(_csrf_failure)(request)) is not None:
         return failed
-    ticket, expires = await issue(principal, context.header("origin"))
+    ticket, expires = await issue(principal, context.header("origin"), oauth.token_scopes(context))
     response = JsonResponse(
         {
             "ticket": ticket,

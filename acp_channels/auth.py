@@ -5,8 +5,9 @@ shape for an HTTP request and a WebSocket upgrade) and returning a Principal, or
 `Refused` (401 with a challenge, or 403). Without one, everyone is `ANONYMOUS`.
 
 Ready-made: `django_user` (the logged-in Django user, by session cookie; with
-REQUIRED_PERMISSION) and `bearer_token` (`Authorization: Bearer <token>`, or for browsers'
-WebSockets the subprotocol `acp.bearer.<token>`, looked up by TOKEN_LOOKUP). `settings_tokens`
+REQUIRED_PERMISSION) and `bearer_token` (`Authorization: Bearer <token>`, or where
+ALLOW_BEARER_SUBPROTOCOL is on the subprotocol `acp.bearer.<token>`, looked up by TOKEN_LOOKUP;
+browsers' WebSockets use single-use tickets instead, acp_channels._tickets). `settings_tokens`
 is a TOKEN_LOOKUP for a shared team token kept in ACP_CHANNELS["TOKENS"].
 
 Tokens are credentials: none ever appears in a response, a log line or an exception's text.

@@ -17,6 +17,7 @@ from django.test import AsyncClient
 from django.utils.crypto import get_random_string
 
 from acp_channels import _tickets as tickets
+from acp_channels import oauth
 from acp_channels._host import registry
 from acp_channels._identity import Principal
 from acp_channels._routing import build_asgi_application
@@ -51,9 +52,28 @@ async def cookie_user(context: RequestContext) -> Principal | None:
     return Principal("user", "1", "alice")
 
 
+async def scoped_token(context: RequestContext) -> Principal | None:
+    """An authenticator standing in for oauth.access_token: `Bearer scoped:<scope>,<scope>` is
+    alice's OAuth access token with those scopes (left on the context, as access_token does)."""
+    token = context.bearer_token or ""
+    if not token.startswith("scoped:"):
+        return None
+    setattr(context, oauth.TOKEN_SCOPES, tuple(token.removeprefix("scoped:").split(",")))
+    return ALICE
+
+
 @pytest.fixture
 def cookie_auth(settings: Any) -> None:
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AUTHENTICATE": "tests.test_tickets.cookie_user"}
+
+
+def principal_of(ticket: tickets.Taken | None) -> Principal | None:
+    return None if ticket is None else ticket.principal
+
+
+async def taken(ticket: str, origin: str | None) -> Principal | None:
+    """The principal a ticket stood for (tickets.take), or None."""
+    return principal_of(await tickets.take(ticket, origin))
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -73,12 +93,20 @@ async def test_a_bearer_caller_gets_a_ticket_without_csrf(token_auth: None) -> N
     assert body["subprotocol"] == f"acp-ticket.{body['ticket']}"
     assert body["expiresIn"] == 60.0 and body["expiresAt"].endswith("Z")
     assert response["Cache-Control"] == "no-store"
-    assert await tickets.take(body["ticket"], PAGE) == ALICE
+    assert await taken(body["ticket"], PAGE) == ALICE
 
 
 async def test_the_endpoint_refuses_as_acp_does(token_auth: None) -> None:
     client = AsyncClient()
-    missing = await client.post("/acp/tickets")
+    requests = Lines()
+    django_request = logging.getLogger("django.request")
+    django_request.addHandler(requests)
+    try:
+        missing = await client.post("/acp/tickets")
+    finally:
+        django_request.removeHandler(requests)
+    # A refusal the client caused is INFO, as on /acp (acp_channels._logs), not WARNING.
+    assert requests.levels == ["INFO"], requests.lines
     assert missing.status_code == 401 and missing["WWW-Authenticate"] == 'Bearer realm="acp"'
     wrong = await client.post("/acp/tickets", headers=bearer("wrong-token"))
     assert wrong.status_code == 401 and 'error="invalid_token"' in wrong["WWW-Authenticate"]
@@ -104,7 +132,7 @@ async def test_a_cookie_caller_needs_the_csrf_token(cookie_auth: None) -> None:
     assert other_site.status_code == 403
     accepted = await client.post("/acp/tickets", headers={"Origin": PAGE, "X-CSRFToken": secret})
     assert accepted.status_code == 200, accepted.content
-    assert await tickets.take(accepted.json()["ticket"], PAGE) == Principal("user", "1")
+    assert await taken(accepted.json()["ticket"], PAGE) == Principal("user", "1")
     # Without the cookie the caller is not authenticated at all: 401, before any CSRF question.
     assert (await AsyncClient(enforce_csrf_checks=True).post("/acp/tickets")).status_code == 401
 
@@ -114,9 +142,9 @@ async def test_a_cookie_caller_needs_the_csrf_token(cookie_auth: None) -> None:
 
 async def test_a_ticket_is_taken_once() -> None:
     ticket, _ = await tickets.issue(ALICE, PAGE)
-    assert await tickets.take(ticket, PAGE) == ALICE
-    assert await tickets.take(ticket, PAGE) is None
-    assert await tickets.take("never-issued", PAGE) is None
+    assert await taken(ticket, PAGE) == ALICE
+    assert await taken(ticket, PAGE) is None
+    assert await taken("never-issued", PAGE) is None
 
 
 def test_of_two_takes_at_once_one_wins(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,7 +165,9 @@ def test_of_two_takes_at_once_one_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     ticket, _ = tickets.issue_sync(ALICE, None)
     monkeypatch.setattr(tickets, "_store", ReadTogether)
     got: list[Principal | None] = []
-    threads = [threading.Thread(target=lambda: got.append(tickets.take_sync(ticket, None))) for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: got.append(principal_of(tickets.take_sync(ticket, None)))) for _ in range(2)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -147,12 +177,12 @@ def test_of_two_takes_at_once_one_wins(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_a_ticket_is_bound_to_its_origin() -> None:
     ticket, _ = await tickets.issue(ALICE, PAGE)
-    assert await tickets.take(ticket, "http://other.example") is None
-    assert await tickets.take(ticket, PAGE) is None  # a wrong try spends it
+    assert await taken(ticket, "http://other.example") is None
+    assert await taken(ticket, PAGE) is None  # a wrong try spends it
     no_origin, _ = await tickets.issue(ALICE, None)  # a client that sends no Origin
-    assert await tickets.take(no_origin, PAGE) is None
+    assert await taken(no_origin, PAGE) is None
     no_origin, _ = await tickets.issue(ALICE, None)
-    assert await tickets.take(no_origin, None) == ALICE
+    assert await taken(no_origin, None) == ALICE
 
 
 async def test_a_ticket_expires(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
@@ -162,14 +192,14 @@ async def test_a_ticket_expires(monkeypatch: pytest.MonkeyPatch, settings: Any) 
     stale, _ = await tickets.issue(ALICE, PAGE)
     assert expires == clock[0] + 60.0
     clock[0] += 59.9
-    assert await tickets.take(fresh, PAGE) == ALICE
+    assert await taken(fresh, PAGE) == ALICE
     clock[0] += 0.1
-    assert await tickets.take(stale, PAGE) is None
+    assert await taken(stale, PAGE) is None
     settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "TICKET_SECONDS": 2}
     short, expires = await tickets.issue(ALICE, PAGE)
     assert expires == clock[0] + 2
     clock[0] += 2
-    assert await tickets.take(short, PAGE) is None
+    assert await taken(short, PAGE) is None
 
 
 # -- the WebSocket edge --------------------------------------------------------------------------
@@ -186,9 +216,11 @@ class Lines(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.lines: list[str] = []
+        self.levels: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(self.format(record))
+        self.levels.append(record.levelname)
 
 
 async def test_the_websocket_takes_a_ticket_once_from_its_origin(token_auth: None) -> None:
@@ -221,6 +253,39 @@ async def test_the_websocket_takes_a_ticket_once_from_its_origin(token_auth: Non
     assert sum(tickets.TICKET_REFUSED in line for line in log.lines) == 2, log.lines
     logged = "\n".join(log.lines)
     assert ticket not in logged and elsewhere not in logged
+
+
+async def test_a_ticket_keeps_the_oauth_scopes_it_was_bought_with(settings: Any) -> None:
+    """An OAuth token's scopes go with its ticket, and the upgrade is checked against them as the
+    token itself would be: attaching as a controller needs acp:session:control."""
+    settings.ACP_CHANNELS = {
+        **settings.ACP_CHANNELS,
+        "AGENT": "tests.wire_agent.create",
+        "AUTHENTICATE": "tests.test_tickets.scoped_token",
+    }
+    client = AsyncClient()
+    connect_only = await client.post("/acp/tickets", headers={**bearer("scoped:acp:connect"), "Origin": PAGE})
+    assert connect_only.status_code == 200, connect_only.content
+    assert (await tickets.take(connect_only.json()["ticket"], PAGE)) == tickets.Taken(ALICE, ("acp:connect",))
+    application = build_asgi_application()
+
+    async def attach(scopes: str) -> tuple[bool, Any]:
+        response = await client.post("/acp/tickets", headers={**bearer(f"scoped:{scopes}"), "Origin": PAGE})
+        offered = ["acp", f"acp-ticket.{response.json()['ticket']}"]
+        headers = [(b"host", b"testserver"), (b"origin", PAGE.encode())]
+        socket = WebsocketCommunicator(
+            application, "/acp?acp_attach_session=s-1", headers=headers, subprotocols=offered
+        )
+        outcome = await socket.connect(5)
+        if outcome[0]:
+            closed = await socket.receive_output(5)
+            await socket.disconnect()
+            return outcome[0], closed.get("code")
+        return outcome
+
+    assert await attach("acp:connect") == (False, 1000)  # refused before accept: insufficient scope
+    # With the scope, the attach itself is considered (and refused: there is no session s-1).
+    assert await attach("acp:connect,acp:session:control") == (True, 4404)
 
 
 # -- system checks -------------------------------------------------------------------------------
