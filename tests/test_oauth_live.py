@@ -203,12 +203,11 @@ def pkce() -> tuple[str, str]:
     return verifier, challenge
 
 
-async def code_flow(site: OAuthSite, scope: str) -> dict[str, Any]:
+async def code_flow(site: OAuthSite, scope: str, redirect: str = "http://127.0.0.1/callback") -> dict[str, Any]:
     """The authorization code flow with PKCE, as a person in a browser: log in, authorize, and
     exchange the code from the redirect for a token."""
     base = f"http://127.0.0.1:{site.server.port}"
     verifier, challenge = pkce()
-    redirect = "http://127.0.0.1/callback"
     authorize = (
         f"/o/authorize/?response_type=code&client_id=acp-demo&redirect_uri={redirect}&scope={scope.replace(' ', '+')}"
         f"&code_challenge={challenge}&code_challenge_method=S256&state=s1"
@@ -281,6 +280,14 @@ async def test_a_code_flow_token_initializes_and_prompts(
         and note["params"]["update"].get("sessionUpdate") == "agent_message_chunk"
     )
     assert "principal=user:demo " in said and "transport=websocket" in said
+
+
+async def test_a_loopback_redirect_on_any_port(site: OAuthSite, http: httpx.AsyncClient) -> None:
+    """RFC 8252 §7.3, what a command-line login listens on: the demo client registers
+    http://127.0.0.1/callback, and any port of it is accepted."""
+    token = await code_flow(site, f"{CONNECT} {OBSERVE}", "http://127.0.0.1:54321/callback")
+    assert token["scope"] == f"{CONNECT} {OBSERVE}"
+    assert (await initialize(http, site.server.url, token["access_token"])).status_code == 200
 
 
 # -- WebSocket refusals -----------------------------------------------------------------------------
