@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import logging
 import math
 import secrets
 import time
@@ -47,6 +48,9 @@ TICKET_SUBPROTOCOL_PREFIX: Final = "acp-ticket."
 URL_NAME: Final = "acp-tickets"
 #: The ACP Remote security draft's cap on a ticket's life.
 MAX_TICKET_SECONDS: Final = 60.0
+logger = logging.getLogger("acp_channels.tickets")
+#: The store failed (a cache on a Redis that is down): no ticket now, try again.
+STORE_UNAVAILABLE = "the WebSocket ticket store is unavailable; try again"
 #: Why an upgrade with a ticket was refused (logged; never the ticket).
 TICKET_REFUSED = "the WebSocket ticket is unknown, used, expired or issued for another origin"
 CSRF_FAILED = "CSRF verification failed: send the csrftoken cookie's value in X-CSRFToken"
@@ -115,10 +119,14 @@ async def take(ticket: str, origin: str | None) -> Taken | None:
 
 def take_sync(ticket: str, origin: str | None) -> Taken | None:
     store, key = _store(), _key(ticket)
-    entry = store.get(key)
-    if not isinstance(entry, Mapping):
-        return None
-    if not store.delete(key):  # another worker took it between the two
+    try:
+        entry = store.get(key)
+        if not isinstance(entry, Mapping):
+            return None
+        if not store.delete(key):  # another worker took it between the two
+            return None
+    except Exception as error:  # the cache's backend failing (Redis down): refused, said once
+        logger.warning("could not take a WebSocket ticket: %s: %s", type(error).__name__, error)
         return None
     if entry.get("expires", 0) <= now() or entry.get("origin") != origin:
         return None
@@ -160,7 +168,13 @@ async def tickets_endpoint(request: HttpRequest) -> HttpResponseBase:
         return error_response(refused)
     if context.used_session and (failed := await sync_to_async(_csrf_failure)(request)) is not None:
         return failed
-    ticket, expires = await issue(principal, context.header("origin"), oauth.token_scopes(context))
+    try:
+        ticket, expires = await issue(principal, context.header("origin"), oauth.token_scopes(context))
+    except Exception as error:  # the cache's backend failing (Redis down): never a 500
+        logger.warning("could not store a WebSocket ticket: %s: %s", type(error).__name__, error)
+        response = text_response(503, STORE_UNAVAILABLE)
+        response["Retry-After"] = "1"
+        return response
     response = JsonResponse(
         {
             "ticket": ticket,

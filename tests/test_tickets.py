@@ -140,6 +140,20 @@ async def test_a_cookie_caller_needs_the_csrf_token(cookie_auth: None) -> None:
 # -- the store ---------------------------------------------------------------------------------
 
 
+async def test_a_store_that_fails_is_503_and_a_refusal(token_auth: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    ticket, _ = await tickets.issue(ALICE, PAGE)
+
+    class Down:
+        def __getattr__(self, name: str) -> Any:
+            raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(tickets, "_store", Down)
+    response = await AsyncClient().post("/acp/tickets", headers=bearer(tokens.ALICE))
+    assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert response.content.decode() == tickets.STORE_UNAVAILABLE
+    assert await taken(ticket, PAGE) is None
+
+
 async def test_a_ticket_is_taken_once() -> None:
     ticket, _ = await tickets.issue(ALICE, PAGE)
     assert await taken(ticket, PAGE) == ALICE
