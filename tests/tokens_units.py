@@ -260,3 +260,17 @@ def test_a_custom_revalidate_check(settings: Any) -> None:
 
 def everyone_invalid(principals: list[Principal]) -> list[Principal]:
     return principals
+
+
+def test_builtin_check_finds_session_users_without_the_permission(settings: Any) -> None:
+    """django_user's principals carry no credential: their user's permission is what is asked."""
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AUTHENTICATE": "acp_channels.auth.django_user"}
+    alice, bob = user("alice"), user("bob")
+    principals = [Principal("user", str(alice.pk), "alice"), Principal("user", str(bob.pk), "bob")]
+    assert asyncio.run(builtin_check(principals)) == []
+    bob.user_permissions.clear()
+    User.objects.filter(pk=alice.pk).update(is_active=False)
+    assert [p.display for p in asyncio.run(builtin_check(principals))] == ["alice", "bob"]
+    # Under bearer_token, a principal without a credential is not a session's: left alone.
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "AUTHENTICATE": "acp_channels.auth.bearer_token"}
+    assert asyncio.run(builtin_check(principals)) == []
