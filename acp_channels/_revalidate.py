@@ -26,6 +26,9 @@ from acp_channels._identity import Principal
 from acp_channels._startup import MODEL_BACKEND
 from acp_channels.auth import _callable, call_maybe_async, user_has_permission
 
+#: How a principal names a token of acp_channels.tokens (`AgentToken.credential`).
+CREDENTIAL_PREFIX = "acp_tokens:"
+
 
 async def invalid_principals(principals: Collection[Principal]) -> list[Principal]:
     """The REVALIDATE check: of `principals`, those no longer valid (a list: principals compare
@@ -43,16 +46,13 @@ async def invalid_principals(principals: Collection[Principal]) -> list[Principa
 
 async def builtin_check(principals: Collection[Principal]) -> list[Principal]:
     """Tokens of acp_channels.tokens, and REQUIRED_PERMISSION of Django users."""
-    from acp_channels.tokens.models import CREDENTIAL_PREFIX
-
     invalid: list[Principal] = []
-    tokens = apps.is_installed(TOKENS_APP)
-    if tokens:
+    tokens = apps.is_installed(TOKENS_APP)  # its models import only where it is installed
+    ours = [principal for principal in principals if tokens and principal.credential.startswith(CREDENTIAL_PREFIX)]
+    if ours:
         from acp_channels.tokens._lookup import invalid_tokens
 
-        carrying = [principal for principal in principals if principal.credential.startswith(CREDENTIAL_PREFIX)]
-        if carrying:
-            invalid += await invalid_tokens(carrying)
+        invalid += await invalid_tokens(ours)
     permission = acp_settings.REQUIRED_PERMISSION
     ended = {principal.credential for principal in invalid}
     users = [

@@ -92,3 +92,25 @@ def test_a_permission_nobody_has_is_an_error_for_the_tokens_users(settings: Any)
     assert check_required_permission() == []
     acp(settings, TOKEN_LOOKUP="tests.auth_fixtures.lookup", REQUIRED_PERMISSION="agents.use_agent")
     assert [found.id for found in check_required_permission()] == ["acp_channels.W007"]
+
+
+def test_the_builtin_check_works_where_the_tokens_app_is_not_installed() -> None:
+    """The demo's Django (no acp_channels.tokens), in a process of its own so that no other test
+    imported the app's models first: the check never imports them there (they would register
+    under the app `acp_channels`, whose module name contains theirs)."""
+    script = (
+        "import asyncio, sys, django; django.setup()\n"
+        "from acp_channels._identity import Principal\n"
+        "from acp_channels._revalidate import builtin_check\n"
+        "principals = [Principal('token', 'team', 'team'), Principal('user', '1', 'a', 'acp_tokens:1')]\n"
+        "print(asyncio.run(builtin_check(principals)), 'acp_channels.tokens.models' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "demo_project.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "[] False\n"), done.stderr
