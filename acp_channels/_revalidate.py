@@ -4,10 +4,11 @@ A connection keeps the principal it was opened with; the credential sweep
 (`acp_channels._host.credentials`) asks, every REVALIDATE_SECONDS in each process, which of the
 principals of its connections are no longer valid, and ends their connections. This is the
 check it asks unless REVALIDATE names another: a principal carrying a token of
-`acp_channels.tokens` is invalid once the token is revoked, expired or deleted, or its user
-inactive; a Django user ("user" principal of `django_user`, or of such a token) once it lacks
-REQUIRED_PERMISSION. One query per kind of question for the whole set, not one per connection.
-Other principals (settings tokens, a custom lookup's) are left alone.
+`acp_channels.tokens` (or a django-oauth-toolkit access token, acp_channels.oauth) is invalid
+once the token is revoked, expired or deleted, or its user inactive; a Django user ("user"
+principal of `django_user`, or of such a token) once it lacks REQUIRED_PERMISSION. One query
+per kind of question for the whole set, not one per connection. Other principals (settings
+tokens, a custom lookup's) are left alone.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ async def builtin_check(principals: Collection[Principal]) -> list[Principal]:
         from acp_channels.tokens._lookup import invalid_tokens
 
         invalid += await invalid_tokens(ours)
+    if apps.is_installed("oauth2_provider"):  # DOT access tokens (acp_channels.oauth)
+        from acp_channels.oauth import CREDENTIAL_PREFIX as OAUTH_TOKEN
+        from acp_channels.oauth import invalid_tokens as invalid_oauth_tokens
+
+        carrying = [principal for principal in principals if principal.credential.startswith(OAUTH_TOKEN)]
+        if carrying:
+            invalid += await invalid_oauth_tokens(carrying)
     permission = acp_settings.REQUIRED_PERMISSION
     ended = {principal.credential for principal in invalid}
     users = [
@@ -62,6 +70,7 @@ async def builtin_check(principals: Collection[Principal]) -> list[Principal]:
         and principal.credential not in ended
         and (
             (tokens and principal.credential.startswith(CREDENTIAL_PREFIX))
+            or principal.credential.startswith("oauth2_provider:")
             or (not principal.credential and acp_settings.AUTHENTICATE == DJANGO_USER_AUTHENTICATOR)
         )
     ]

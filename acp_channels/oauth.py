@@ -16,7 +16,8 @@ missing).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
@@ -46,6 +47,9 @@ DEFAULT_SCOPES: Final[Mapping[str, str]] = {
     CONTROL: "acp:session:control",
 }
 INSUFFICIENT_SCOPE: Final = "insufficient scope"
+#: Principal.credential of a principal authenticated by a DOT access token: the token's primary
+#: key (never the token), what the credential sweep asks `invalid_tokens` about.
+CREDENTIAL_PREFIX: Final = "oauth2_provider:"
 #: Where access_token leaves the token's scopes on the RequestContext (token_scopes).
 TOKEN_SCOPES: Final = "oauth_token_scopes"
 
@@ -123,10 +127,42 @@ async def access_token(context: RequestContext) -> Principal:
     refuse_unless_granted(context, scopes)
     setattr(context, TOKEN_SCOPES, tuple(scopes))  # for what outlives the request (a ticket)
     if user is not None:
-        return await user_principal(user)
-    application = found.application
-    client_id = str(getattr(application, "client_id", "") or "")
-    return Principal("oauth-client", client_id, str(getattr(application, "name", "") or client_id))
+        principal = await user_principal(user)
+    else:
+        application = found.application
+        client_id = str(getattr(application, "client_id", "") or "")
+        principal = Principal("oauth-client", client_id, str(getattr(application, "name", "") or client_id))
+    # The credential sweep ends its connections once the token is revoked or expires.
+    return dataclasses.replace(principal, credential=f"{CREDENTIAL_PREFIX}{found.pk}")
+
+
+async def invalid_tokens(principals: Collection[Principal]) -> list[Principal]:
+    """For the credential sweep (acp_channels._revalidate): of principals carrying a DOT access
+    token (`CREDENTIAL_PREFIX`), those whose token was revoked (DOT deletes it), has expired, or
+    whose user is inactive. One query for all of them."""
+    valid = await sync_to_async(_valid_token_ids)({_token_id(principal) for principal in principals})
+    return [principal for principal in principals if _token_id(principal) not in valid]
+
+
+def _token_id(principal: Principal) -> str:
+    return principal.credential.removeprefix(CREDENTIAL_PREFIX)
+
+
+def _valid_token_ids(ids: set[str]) -> set[str]:
+    from django.db.models import Q
+    from django.utils import timezone
+    from oauth2_provider.models import get_access_token_model
+
+    model: Any = get_access_token_model()
+    pks = []
+    for token_id in ids:
+        try:
+            pks.append(model._meta.pk.to_python(token_id))
+        except Exception:  # not a key of this model: not a token of it
+            continue
+    found = model.objects.filter(pk__in=pks, expires__gt=timezone.now())
+    found = found.filter(Q(user__isnull=True) | Q(user__is_active=True))
+    return {str(pk) for pk in found.values_list("pk", flat=True)}
 
 
 def refuse_unless_granted(context: RequestContext, scopes: Iterable[str]) -> None:
@@ -261,6 +297,7 @@ async def metadata(request: HttpRequest, suffix: str = "") -> HttpResponse:
 __all__ = [
     "AUTHENTICATOR",
     "access_token",
+    "invalid_tokens",
     "metadata",
     "refuse_unless_granted",
     "required_scope",

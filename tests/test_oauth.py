@@ -116,6 +116,7 @@ async def test_an_insufficient_scope_is_403_with_the_challenge(
     oauth_site: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     class Token:
+        pk = 7
         user = None
         application = None
         scope = OBSERVE
@@ -131,7 +132,7 @@ async def test_an_insufficient_scope_is_403_with_the_challenge(
     context = http_context(Authorization="Bearer abc")
     assert oauth.token_scopes(context) is None
     principal = await oauth.access_token(context)
-    assert (principal.kind, principal.id) == ("oauth-client", "")
+    assert (principal.kind, principal.id, principal.credential) == ("oauth-client", "", "oauth2_provider:7")
     # What a ticket issued on this request keeps, and checks at its upgrade.
     assert oauth.token_scopes(context) == (CONNECT, OBSERVE)
     oauth.refuse_unless_granted(
@@ -151,6 +152,7 @@ async def test_the_endpoint_sends_the_403_challenge(oauth_site: None, monkeypatc
     from acp_channels._views import acp_endpoint
 
     class Token:
+        pk = 8
         user = None
         application = None
         scope = ""

@@ -29,7 +29,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from tests.live import JSON, ROOT, SSE, DaphneServer, rpc
+from tests.live import JSON, ROOT, SSE, DaphneServer, rpc, wait_for_line
 from tests.test_auth_interop import run_driver
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,6 +46,7 @@ ISSUED = {
     "observe-only": (OBSERVE, 3600),
     "expired": (f"{CONNECT} {OBSERVE} {CONTROL}", -60),
     "to-revoke": (CONNECT, 3600),
+    "to-end": (CONNECT, 3600),
 }
 ISSUE = """
 import json, sys
@@ -75,7 +76,12 @@ class OAuthSite:
 
 
 def demo_environment(state: Path) -> dict[str, str]:
-    return {"ACP_DEMO_OAUTH": "1", "ACP_DEMO_STATE_DIR": str(state), "ACP_OAUTH_AUTHORIZATION_SERVERS": f'["{ISSUER}"]'}
+    return {
+        "ACP_DEMO_OAUTH": "1",
+        "ACP_DEMO_STATE_DIR": str(state),
+        "ACP_OAUTH_AUTHORIZATION_SERVERS": f'["{ISSUER}"]',
+        "ACP_REVALIDATE_SECONDS": "0.5",  # the credential sweep
+    }
 
 
 @pytest.fixture(scope="module")
@@ -182,16 +188,37 @@ async def test_a_revoked_token_is_refused(site: OAuthSite, http: httpx.AsyncClie
     opened = await initialize(http, site.server.url, token)
     assert opened.status_code == 200, opened.text
     owner = {**bearer(token), "Acp-Connection-Id": opened.headers["acp-connection-id"]}
-    # Revoked at the authorization server (RFC 7009; a public client names itself).
-    revoked = await http.post(
-        f"http://127.0.0.1:{site.server.port}/o/revoke_token/", data={"token": token, "client_id": "acp-demo"}
-    )
-    assert revoked.status_code == 200, revoked.text
+    await revoke(site, http, token)
     for response in (await initialize(http, site.server.url, token), await http.delete(site.server.url, headers=owner)):
         assert response.status_code == 401
         assert response.headers["www-authenticate"] == site.challenge(
             CONNECT, "invalid_token", "The access token is invalid."
         )
+
+
+async def revoke(site: OAuthSite, http: httpx.AsyncClient, token: str) -> None:
+    """At the authorization server (RFC 7009; a public client names itself)."""
+    url = f"http://127.0.0.1:{site.server.port}/o/revoke_token/"
+    revoked = await http.post(url, data={"token": token, "client_id": "acp-demo"})
+    assert revoked.status_code == 200, revoked.text
+
+
+async def test_a_revoked_token_ends_its_connections(site: OAuthSite, http: httpx.AsyncClient) -> None:
+    """The credential sweep (REVALIDATE_SECONDS) asks DOT about the tokens of live connections."""
+    token = site.tokens["to-end"]
+    kept = await initialize(http, site.server.url, site.tokens["all"])
+    async with connect(site.server.ws_url, additional_headers=bearer(token), proxy=None) as ws:
+        assert ws.response is not None
+        connection_id = ws.response.headers["Acp-Connection-Id"]
+        await request(ws, 0, "initialize", {"protocolVersion": 1})
+        await revoke(site, http, token)
+        await asyncio.wait_for(ws.wait_closed(), 15)
+    await wait_for_line(
+        site.server, rf"connection ended principal=user:demo connection={connection_id} .* reason=revoked", 15
+    )
+    # The same user's connection of another token goes on.
+    owner = {**bearer(site.tokens["all"]), "Acp-Connection-Id": kept.headers["acp-connection-id"]}
+    assert (await http.delete(site.server.url, headers=owner)).status_code == 202
 
 
 # -- a valid token, end to end ---------------------------------------------------------------------
