@@ -248,7 +248,10 @@ async def test_batches_are_kept_both_ways(fake: FakeAcp) -> None:
     batch = [rpc(1, "session/prompt", {"sessionId": "s1", "prompt": []}), note("session/cancel", {"sessionId": "s2"})]
     await within(client.send(batch))
     posted = fake.of("POST", rpc_method="<batch>")[0]
-    assert posted.json() == batch and posted.session_id is None
+    sent = posted.json()
+    operation = sent[0]["params"].pop("_meta")  # a prompt names its operation (docs/shared-sessions.md)
+    assert list(operation) == ["acp-channels/operationId"]
+    assert sent == batch and posted.session_id is None
     assert {r.session_id for r in fake.of("GET")} == {None, "s1", "s2"}  # opened before the POST
 
     grouped = [result(1, {"stopReason": "end_turn"}), {"jsonrpc": "2.0", "id": None, "error": {"code": -1}}]

@@ -1,5 +1,7 @@
 """`python -m acp_channels.client URL` / `acp-client URL`: the terminal ACP client.
 `acp-client URL --list [--json]`: the principal's live sessions (the session directory).
+`acp-client URL --attach SESSION_ID [--role observer]`: another client of a live session;
+`acp-client URL --session SESSION_ID -p PROMPT`: one turn on it.
 
 Exit status: 0 after /quit or Ctrl-D, 1 when the connection failed or was lost, 2 for a usage
 error (bad arguments, URL or credentials: nothing was sent), 130 when interrupted while connecting.
@@ -53,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
         "'Authorization: Bearer <token>'. "
         "In the session: type a prompt and press Enter; Ctrl-C cancels the running turn "
         "(at the prompt, twice quits); /quit or Ctrl-D exits and closes the connection; /help lists the "
-        "commands. --list prints the live sessions instead (the server's session directory) and exits. "
+        "commands. --list prints the live sessions instead (the server's session directory) and exits; "
+        "--attach joins one of them (its turn, then your prompts), /detach leaves it running. "
         "Exit status: 0 done, 1 the connection failed or was lost, 2 usage error. "
         "NO_COLOR=1 turns colour off.",
     )
@@ -87,6 +90,23 @@ def parser() -> argparse.ArgumentParser:
         "pending permission requests, readers attached, last activity) and exit; opens no session",
     )
     p.add_argument("--json", action="store_true", help="with --list: print the server's directory as JSON")
+    p.add_argument(
+        "--attach",
+        metavar="SESSION_ID",
+        help="attach to a live session (--list shows them) instead of opening one: print what it retained, "
+        "follow a running turn to its end, then read prompts; /quit and /detach leave it running",
+    )
+    p.add_argument(
+        "--session",
+        metavar="SESSION_ID",
+        help="with -p: run that one turn on this live session (attached; a running turn is followed first)",
+    )
+    p.add_argument(
+        "--role",
+        choices=("controller", "observer"),
+        default=None,
+        help="with --attach or --session: controller (default: prompts and answers) or observer (watches only)",
+    )
     return p
 
 
@@ -111,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.json and not args.list:
             raise ClientUsageError("--json goes with --list")
+        if args.session is not None and args.prompt is None:
+            raise ClientUsageError("--session goes with -p (to attach and type prompts: --attach SESSION_ID)")
+        if args.attach is not None and (args.prompt is not None or args.session is not None):
+            raise ClientUsageError("--attach reads prompts; for one prompt on a live session: --session SESSION_ID -p")
+        if args.role is not None and args.attach is None and args.session is None:
+            raise ClientUsageError("--role goes with --attach or --session")
+        if args.list and (args.attach is not None or args.session is not None or args.prompt is not None):
+            raise ClientUsageError("--list goes alone (it opens no session)")
         options = connection_options(args)
     except ClientUsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -148,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                 restart=options.restart,
                 history=None if args.no_history else default_history_path(),
                 prompt=args.prompt,
+                attach=args.attach if args.attach is not None else args.session,
+                role=args.role or "controller",
             )
         )
     except KeyboardInterrupt:

@@ -83,11 +83,16 @@ class SessionDirectory:
     document: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
+def http_endpoint(endpoint: str) -> str:
+    """The endpoint over http(s), for a ws(s) endpoint too (a DELETE goes there)."""
+    parts = urlsplit(endpoint)
+    return urlunsplit(parts._replace(scheme=_HTTP_SCHEMES.get(parts.scheme.lower(), parts.scheme), fragment=""))
+
+
 def directory_url(endpoint: str) -> str:
     """`<endpoint>/sessions`, over http(s) for a ws(s) endpoint too (the query is kept)."""
-    parts = urlsplit(endpoint)
-    scheme = _HTTP_SCHEMES.get(parts.scheme.lower(), parts.scheme)
-    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + "/sessions", parts.query, ""))
+    parts = urlsplit(http_endpoint(endpoint))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/sessions", parts.query, ""))
 
 
 # ------------------------------------------------------------------------------------ parsing

@@ -20,10 +20,11 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from ._base import FrameValue, RawFrame, credential_secrets
-from ._directory import SessionDirectory, directory_url, fetch_directory
-from ._errors import ClientUsageError, TransportError
+from ._directory import SessionDirectory, directory_url, fetch_directory, http_endpoint
+from ._errors import ClientUsageError, NetworkError, TransportError, TransportTimeoutError, status_error
 from ._reconnect import DEFAULT_BACKOFF, ReconnectCallback, ReconnectPolicy
 from ._retry import DEFAULT_RETRY_AFTER, RetryAfter, RetryCallback
+from ._shared_sessions import Attachment, AttachRole, attach_headers, with_operation_ids
 from ._transport_http import HttpTransport, _new_http_client
 from ._transport_ws import WebSocketTransport
 
@@ -137,6 +138,19 @@ class HttpClient:
         verify: how an https:// or wss:// server's certificate is checked: True (default) the
             usual CAs (httpx's bundle; the system's for wss://), a CA file path (a self-signed
             development certificate), an `ssl.SSLContext`, or False (no check: tests only).
+        attach: a live session's id: instead of starting an agent, the client attaches to that
+            session (docs/shared-sessions.md): its `initialize` (HTTP: the POST; WebSocket: the
+            upgrade) asks for it, `attachment` says what it attached to, and the session's
+            stream brings what the session retained, then everything live. `close()` and
+            `detach()` detach; `terminate()` ends the session's connection.
+        role: with `attach`, "controller" (default: prompts and answers) or "observer" (watches;
+            whatever it sends to the agent is refused with -32011).
+
+    Every `session/prompt` sent without a `raw` text gets an operation id
+    (`params._meta["acp-channels/operationId"]`, a UUID) unless it has one: a prompt sent again
+    is then run once. Over HTTP a POST whose every request has one is sent again, the same
+    bytes, when its answer is lost (the reconnect policy decides how long; told as reconnecting
+    `POST session/prompt`); over WebSocket a reattach sends again what the server did not get.
     """
 
     def __init__(
@@ -159,8 +173,14 @@ class HttpClient:
         on_retry: RetryCallback | None = None,
         http2: bool | None = None,
         verify: ssl.SSLContext | str | bool = True,
+        attach: str | None = None,
+        role: AttachRole = "controller",
     ) -> None:
         self.url, self.kind = resolve_endpoint(url, exact=exact_url)
+        attaching = attach_headers(attach, role)
+        #: The session asked for with `attach` (None: a connection of its own), and the role.
+        self.attach_session_id = attach
+        self.attach_role: AttachRole = role
         headers = dict(headers or {})
         subprotocols: list[str] = []
         if websocket_token not in ("header", "subprotocol"):
@@ -202,6 +222,7 @@ class HttpClient:
                 on_retry=on_retry,
                 http2=http2,
                 verify=verify,
+                attach=attaching,
             )
         else:
             if http_client is not None or stream_idle_timeout is not None or http2 is not None:
@@ -218,6 +239,7 @@ class HttpClient:
                 restart=restart,
                 on_reconnect=on_reconnect,
                 verify=verify,
+                attach=attaching,
             )
 
     def __repr__(self) -> str:
@@ -239,6 +261,18 @@ class HttpClient:
         """HTTP only: the version the server last answered with ("HTTP/2" or "HTTP/1.1"; None
         before the first answer, and over WebSocket)."""
         return self._transport.http_version if isinstance(self._transport, HttpTransport) else None
+
+    @property
+    def attachment(self) -> Attachment | None:
+        """With `attach`: what the client attached to, once the initialize result said (the
+        session, the connection hosting it, the role, whether a turn was running). None before
+        that, and for a connection of its own."""
+        return self._transport.attachment
+
+    @property
+    def load_session(self) -> bool:
+        """The agent advertised `agentCapabilities.loadSession` (known after initialize)."""
+        return self._transport.load_session
 
     @property
     def error(self) -> TransportError | None:
@@ -305,9 +339,11 @@ class HttpClient:
         `raw`: the frame's exact JSON text, sent instead of serializing `message` (a relay keeps
         bytes unchanged this way); `message` must be what `raw` parses to, as routing reads it.
 
+        A `session/prompt` without an operation id gets one (not with `raw`: its bytes go as given).
+
         HTTP: returns once the server accepted the POST (2xx). Raises `ClientUsageError` for a
         frame the transport refuses (nothing sent) and a `TransportError` when it failed."""
-        await self._transport.send(message, raw=raw)
+        await self._transport.send(message if raw is not None else with_operation_ids(message), raw=raw)
 
     async def receive(self) -> dict[str, Any] | None:
         """The next message received (a batch is handed out entry by entry), or None once the
@@ -324,8 +360,50 @@ class HttpClient:
         return await self._transport.receive_raw()
 
     async def close(self) -> None:
-        """Finish sends under way, then DELETE the connection (HTTP) or close the socket (WS)."""
+        """Finish sends under way, then DELETE the connection (HTTP) or close the socket (WS):
+        that ends the connection and its sessions, or, for an attachment, detaches it."""
         await self._transport.close()
+
+    async def detach(self) -> None:
+        """Leave without ending any session: an attachment closes (which detaches it); a
+        connection of its own goes without a DELETE (HTTP) or with close code 1001 (WebSocket),
+        and the server keeps it (its DETACHED_SECONDS) for a client to attach to its sessions."""
+        await self._transport.detach()
+
+    async def terminate(self) -> None:
+        """End the connection hosting the session, then close: its agent ends, and every client
+        attached to its sessions gets `_acp-channels/session/terminated`. For a connection of
+        its own this is `close()`; an attachment first DELETEs the connection its `attachment`
+        names. Raises `HttpStatusError` when the server refuses (a connection already gone is
+        not an error), `NetworkError`, `TransportTimeoutError`; the client is closed anyway."""
+        attachment = self.attachment
+        try:
+            if attachment is not None:
+                transport = self._transport
+                if isinstance(transport, HttpTransport) and not transport.http.is_closed:
+                    await self._delete_connection(transport.http, attachment.connection_id)
+                else:
+                    async with _new_http_client(self.cookies, self._timeout, self._http2, self._verify) as http:
+                        await self._delete_connection(http, attachment.connection_id)
+        finally:
+            await self.close()
+
+    async def _delete_connection(self, http: httpx.AsyncClient, connection_id: str) -> None:
+        what = "DELETE (terminate)"
+        headers = {**self._directory_headers, "Acp-Connection-Id": connection_id}
+        try:
+            response = await http.request("DELETE", http_endpoint(self.url), headers=headers, timeout=self._timeout)
+        except httpx.TimeoutException as exc:
+            raise TransportTimeoutError(f"{what}: no answer within {self._timeout}s") from exc
+        except httpx.HTTPError as exc:
+            raise NetworkError(self._redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
+        if not (200 <= response.status_code < 300 or response.status_code == 404):  # 404: it had ended
+            raise status_error(
+                what,
+                response.status_code,
+                self._redact(response.text[:2000]),
+                credentials_sent=any(name.lower() == "authorization" for name in self._directory_headers),
+            )
 
     async def __aenter__(self) -> HttpClient:
         await self.connect()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final
 
 import httpx
@@ -14,9 +16,10 @@ from acp_channels import _protocol as protocol
 from acp_channels._protocol import CONNECTION_HEADER
 
 from ._base import FrameValue
-from ._errors import HttpStatusError, NetworkError, TransportTimeoutError
-from ._reconnect import ReconnectingTransport
+from ._errors import HttpStatusError, NetworkError, ReconnectGaveUpError, TransportError, TransportTimeoutError
+from ._reconnect import ReconnectEvent, ReconnectingTransport, StreamDrop
 from ._retry import RetryAfter, RetryCallback, RetryEvent, retry_after_seconds
+from ._shared_sessions import resend_safe
 
 __all__ = ["JSON", "HttpRequests", "is_2xx", "post_body"]
 
@@ -33,6 +36,16 @@ def is_2xx(response: httpx.Response) -> bool:
 def post_body(value: FrameValue, raw: str | None) -> bytes:
     """The POST body: the caller's exact text when it gave one (a relay), else `value` as JSON."""
     return (raw if raw is not None else protocol.dumps(value)).encode()
+
+
+@dataclass
+class _LostAnswers:
+    """A request safe to send again, and the answers to it lost so far."""
+
+    what: str
+    session_id: str | None
+    attempts: int = 0
+    lost_at: float = 0.0
 
 
 class HttpRequests(ReconnectingTransport):
@@ -58,7 +71,10 @@ class HttpRequests(ReconnectingTransport):
         return headers
 
     async def _post(self, value: FrameValue, headers: dict[str, str], what: str, raw: str | None) -> httpx.Response:
-        response = await self._exchange("POST", what, headers, post_body(value, raw))
+        # A POST whose every request names its operation is sent again when its answer is lost:
+        # the server acknowledges the resend and runs it once.
+        lost = _LostAnswers(what, headers.get("Acp-Session-Id")) if resend_safe(value) else None
+        response = await self._exchange("POST", what, headers, post_body(value, raw), lost)
         logger.debug("%s: HTTP %d", what, response.status_code)
         if not is_2xx(response):
             error = self._response_error(what, response, response.text)
@@ -69,11 +85,12 @@ class HttpRequests(ReconnectingTransport):
         return response
 
     async def _post_initialize(
-        self, message: FrameValue, raw: str | None, what: str
+        self, message: FrameValue, raw: str | None, what: str, extra_headers: Mapping[str, str] | None = None
     ) -> tuple[httpx.Response, str | None]:
         """POST an `initialize` (no connection yet): its 2xx answer, and the connection id that
-        answer names (kept as `connection_id` even on an error status, so that it is deleted)."""
-        headers = {**self._headers, "Content-Type": JSON, "Accept": JSON}
+        answer names (kept as `connection_id` even on an error status, so that it is deleted).
+        `extra_headers`: those of an attach."""
+        headers = {**self._headers, **(extra_headers or {}), "Content-Type": JSON, "Accept": JSON}
         response = await self._exchange("POST", what, headers, post_body(message, raw))
         logger.debug("POST %s: HTTP %d", what, response.status_code)
         connection_id = protocol.header_value(response.headers.get_list(CONNECTION_HEADER)) or None
@@ -93,14 +110,25 @@ class HttpRequests(ReconnectingTransport):
         return self._status_error(what, response.status_code, body[:_ERROR_BODY_LIMIT], challenge)
 
     async def _exchange(
-        self, method: str, what: str, headers: dict[str, str], content: bytes | None = None
+        self,
+        method: str,
+        what: str,
+        headers: dict[str, str],
+        content: bytes | None = None,
+        lost: _LostAnswers | None = None,
     ) -> httpx.Response:
-        """One request/response, read whole; a timeout or network failure is fatal. A 503 or 429
-        with Retry-After is sent again after the delay while the retry policy allows."""
+        """One request/response, read whole; a timeout or network failure is fatal, unless `lost`
+        (a request safe to send again): then it is sent again while the reconnect policy allows.
+        A 503 or 429 with Retry-After is sent again after the delay while the retry policy allows."""
         refused_at: float | None = None
         attempt = 0
         while True:
-            response = await self._exchange_once(method, what, headers, content)
+            response = await self._exchange_once(method, what, headers, content, lost)
+            if response is None:
+                continue  # its answer was lost: the same request again
+            if lost is not None and lost.attempts:
+                lost.attempts = 0
+                self._tell(ReconnectEvent("resumed", what))
             delay, refused_at = self._busy_delay(what, response, response.text, attempt, refused_at)
             if delay is None:
                 return response
@@ -108,17 +136,46 @@ class HttpRequests(ReconnectingTransport):
             await self._wait_retry(delay)
 
     async def _exchange_once(
-        self, method: str, what: str, headers: dict[str, str], content: bytes | None
-    ) -> httpx.Response:
+        self, method: str, what: str, headers: dict[str, str], content: bytes | None, lost: _LostAnswers | None = None
+    ) -> httpx.Response | None:
+        """The response; None when its answer was lost and the request is to be sent again (after
+        the policy's delay, waited here)."""
         request = self.http.request(method, self.endpoint, headers=headers, content=content, timeout=self._timeout)
+        error: TransportError
         try:
             response = await self._unless_failed(request)
         except httpx.TimeoutException as exc:
-            raise self._fail(TransportTimeoutError(f"{what}: no answer within {self._timeout:g}s")) from exc
+            error = TransportTimeoutError(f"{what}: no answer within {self._timeout:g}s")
+            cause: Exception = exc
         except httpx.HTTPError as exc:
-            raise self._fail(NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}"))) from exc
-        self.http_version = response.http_version
-        return response
+            error = NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}"))
+            cause = exc
+        else:
+            self.http_version = response.http_version
+            return response
+        if lost is not None:
+            if (delay := self._resend_delay(lost, error)) is not None:
+                if delay > 0:
+                    await self._wait_retry(delay)
+                return None
+            if self.error is not None:
+                raise self.error from cause  # the policy gave up
+        raise self._fail(error) from cause
+
+    def _resend_delay(self, lost: _LostAnswers, error: TransportError) -> float | None:
+        """Seconds before sending again a request whose answer was lost (told as "reconnecting"),
+        or None: the reconnect policy gives up (then the transport fails)."""
+        if self._reconnect is None or self.closed:
+            return None
+        now = asyncio.get_running_loop().time()
+        if lost.attempts == 0:
+            lost.lost_at = now
+        lost.attempts += 1
+        elapsed = now - lost.lost_at
+        delay = self._policy_delay(StreamDrop(lost.session_id, lost.attempts, error, None, elapsed, lost.what))
+        if delay is None and lost.attempts > 1:
+            self._give_up(lost.what, ReconnectGaveUpError(lost.what, lost.attempts - 1, elapsed, error))
+        return delay
 
     def _busy_delay(
         self, what: str, response: httpx.Response, body: str, attempt: int, refused_at: float | None

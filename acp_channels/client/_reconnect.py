@@ -23,6 +23,7 @@ from acp_channels import _protocol as protocol
 from ._base import FrameValue, TransportBase
 from ._errors import TransportError, TransportTimeoutError
 from ._session_ledger import SessionLedger, intercepted, restart_error
+from ._shared_sessions import ATTACH_SESSION_HEADER, Attachment
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -43,7 +44,8 @@ class StreamDrop:
     """A stream (SSE) or socket (WebSocket) that was established has ended or broken."""
 
     session_id: str | None
-    """The session of an SSE stream; None for the connection stream and for a WebSocket."""
+    """The session of an SSE stream or of a POST sent again; None for the connection stream and
+    for a WebSocket."""
     attempt: int
     """1 for the first retry since the stream was last (re)established."""
     error: TransportError
@@ -172,14 +174,19 @@ class ReconnectingTransport(TransportBase):
         reconnect: ReconnectPolicy | None,
         restart: bool,
         on_reconnect: ReconnectCallback | None,
+        attach: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets)
+        #: The headers of the initialize POST or first upgrade that attach to a session (or none).
+        self._attach_headers = dict(attach or {})
+        #: `detach()`: the connection goes without being ended (no DELETE; a socket's 1001).
+        self._leave_on_server = False
         self._reconnect = reconnect
         self._restart = restart
         self._on_reconnect = on_reconnect
         #: Streams (or the socket) being reconnected right now, by name.
         self._reconnecting: set[str] = set()
-        self._ledger = SessionLedger()
+        self._ledger = SessionLedger(attach_session_id=self._attach_headers.get(ATTACH_SESSION_HEADER))
         #: Sessions a restart is loading: their replayed history is not delivered again.
         self._loading: set[str] = set()
         #: Waiters for the replies to a restart's own requests, by id.
@@ -189,6 +196,24 @@ class ReconnectingTransport(TransportBase):
     def reconnecting(self) -> bool:
         """A stream or the socket dropped and is being reconnected (or the connection restarted)."""
         return bool(self._reconnecting)
+
+    @property
+    def attachment(self) -> Attachment | None:
+        """What the client attached to, once the initialize result said (None: not an attachment)."""
+        return self._ledger.attachment
+
+    @property
+    def load_session(self) -> bool:
+        """The agent advertised `agentCapabilities.loadSession` in its initialize result."""
+        return self._ledger.load_session
+
+    async def detach(self) -> None:
+        """Leave without ending any session: an attachment is closed as always (for it, that is
+        detaching); the connection's own client goes without ending the connection, which the
+        server then keeps (its DETACHED_SECONDS)."""
+        if not self._attach_headers:
+            self._leave_on_server = True
+        await self.close()
 
     def _tell(self, event: ReconnectEvent) -> None:
         """Log `event` and hand it to the `on_reconnect` callback (whose failures are only logged)."""

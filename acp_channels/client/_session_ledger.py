@@ -16,6 +16,7 @@ from typing import Any, Final
 from acp_channels import _protocol as protocol
 
 from ._base import FrameValue
+from ._shared_sessions import TERMINATED_METHOD, Attachment
 
 __all__ = [
     "PRIVATE_ID_PREFIX",
@@ -79,6 +80,15 @@ class SessionLedger:
     """The agent advertised `agentCapabilities.loadSession`."""
     resume: ResumeSupport = field(default_factory=ResumeSupport)
     initialized: bool = False
+    attach_session_id: str | None = None
+    """The session the client asked to attach to (None: a connection of its own)."""
+    attachment: Attachment | None = None
+    """What the initialize result says the client attached to."""
+    attach_failure: str | None = None
+    """Why the initialize result is not the attachment asked for (the server did not attach)."""
+    terminated: bool = False
+    """The attached session's connection ended (`_acp-channels/session/terminated`): the
+    streams end next, and there is nothing to resume."""
     sessions: dict[str, _SessionParams] = field(default_factory=dict)
     _opening: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     _closing: dict[str, str] = field(default_factory=dict)
@@ -111,11 +121,17 @@ class SessionLedger:
         """The agent sent `value`: replies settle what they answer."""
         for message in _messages_of(value):
             if "id" not in message or message["id"] is None:
+                if message.get("method") == TERMINATED_METHOD and self.attachment is not None:
+                    params = message.get("params")
+                    self.terminated |= (
+                        isinstance(params, dict) and params.get("sessionId") == self.attachment.session_id
+                    )
                 continue
             key = protocol.id_key(message["id"])
             if "method" in message:
                 self._asked.add(key)
                 continue
+
             self._outstanding.pop(key, None)
             result = message.get("result")
             succeeded = "error" not in message
@@ -138,6 +154,14 @@ class SessionLedger:
         self.resume = ResumeSupport.of_initialize_result(result)
         capabilities = result.get("agentCapabilities") if isinstance(result, dict) else None
         self.load_session = isinstance(capabilities, dict) and capabilities.get("loadSession") is True
+        self.attachment = Attachment.of_initialize_result(result)
+        asked = self.attach_session_id
+        if asked is not None and (self.attachment is None or self.attachment.session_id != asked):
+            # A server that knows no attaching ignores the header and starts an agent of its own.
+            self.attach_failure = (
+                f"asked to attach to session {asked}, the server did not: its initialize result has no "
+                "_meta['acp-channels/attachment'] for it (it does not support attaching)"
+            )
 
     def take_outstanding(self) -> list[Any]:
         """For a restart: ids of the caller's requests still unanswered (then forgotten); the
@@ -168,6 +192,8 @@ class SessionLedger:
         """Why a restart cannot be done, or None."""
         if not self.initialized:
             return "the connection was never initialized"
+        if self.attach_session_id is not None:
+            return "an attachment is not restarted (attach to the session again)"
         if self.sessions and not self.load_session:
             return "the agent does not advertise agentCapabilities.loadSession, so its sessions cannot be loaded"
         return None

@@ -138,6 +138,10 @@ class SseStreams(HttpRequests):
                 error = StreamEndedError(stream.session_id, f"{type(exc).__name__}: {exc}")
             if self._close_started or self.error is not None:
                 return
+            if self._ledger.terminated:
+                # The attached session's connection ended: its streams end, nothing to resume.
+                self._fail(StreamEndedError(stream.session_id, "the session was terminated (its connection ended)"))
+                return
             if not stream.connected:
                 if isinstance(error, HttpStatusError) and error.status_code == 404 and self._restart:
                     self._connection_gone(error, connection_id, stream.name)

@@ -1,7 +1,12 @@
 """The terminal client's ACP client side (an `acp.interfaces.Client`), what the agent asks of it:
 session updates are printed (text as it arrives, tool calls and plans as short marked lines),
 permission requests asked as a numbered choice (or answered by `--permissions`), file reads and
-writes served with `--fs`; and what Ctrl-C means while a turn runs or a question waits."""
+writes served with `--fs`; and what Ctrl-C means while a turn runs or a question waits.
+
+On a shared session (docs/shared-sessions.md) the server's notices come here too: a turn's end
+(`turn_ended`: what a client following a turn waits for), a permission request answered by
+another client (`permission_resolved`: the question goes, with a line saying so), the session's
+connection ended (`terminated`: the run loop says it when the connection goes)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import acp
+from acp.connection import StreamDirection, StreamEvent
 from acp.schema import (
     AgentMessageChunk,
     AgentPlanUpdate,
@@ -37,6 +43,9 @@ from acp.schema import (
 )
 from rich.text import Text
 
+from acp_channels import _protocol as protocol
+
+from ._shared_sessions import PERMISSION_RESOLVED_METHOD, TERMINATED_METHOD, TURN_ENDED_METHOD
 from ._terminal_input import CANCELLED, INTERRUPTED, Input, line_or_cancelled
 from ._terminal_output import STATUS_STYLES, Screen
 
@@ -78,6 +87,16 @@ class TerminalClient:
         # Set by run(): what cancelling the turn and quitting do (Ctrl-C at a permission question).
         self.cancel_turn: Callable[[], None] = lambda: None
         self.quit_now: Callable[[], None] = lambda: None
+        #: Per session, the end of a turn someone waits for (`expect_turn_end`).
+        self._turn_end_waiters: dict[str, asyncio.Future[str]] = {}
+        #: The agent's permission requests: their JSON-RPC ids by tool call (the SDK hands over
+        #: no id), and per id the outcome another client chose, once it is known.
+        self._permission_ids: dict[str, str] = {}
+        self._answered_elsewhere: dict[str, asyncio.Future[Any]] = {}
+        #: The options of each permission request asked (to name the one chosen elsewhere).
+        self._options_asked: dict[str, list[PermissionOption]] = {}
+        #: Sessions whose connection was terminated, with that connection's id.
+        self.terminated: dict[str, str] = {}
 
     # --------------------------------------------------------------------- session/update
 
@@ -161,6 +180,20 @@ class TerminalClient:
     async def request_permission(
         self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption], **kwargs: Any
     ) -> RequestPermissionResponse:
+        key = self._permission_ids.pop(tool_call.tool_call_id, None)
+        elsewhere = self._answered_elsewhere.get(key) if key is not None else None
+        if key is not None:
+            self._options_asked[key] = options
+        try:
+            return await self._request_permission(tool_call, options, elsewhere)
+        finally:
+            if key is not None:
+                self._answered_elsewhere.pop(key, None)
+                self._options_asked.pop(key, None)
+
+    async def _request_permission(
+        self, tool_call: ToolCallUpdate, options: list[PermissionOption], elsewhere: asyncio.Future[Any] | None
+    ) -> RequestPermissionResponse:
         screen = self.screen
         marks = screen.marks
         title = tool_call.title or self._tool_titles.get(tool_call.tool_call_id, tool_call.tool_call_id)
@@ -177,13 +210,17 @@ class TerminalClient:
             question.append(f" {marks.answer} {chosen.name if chosen else 'cancelled'} (--permissions)")
             screen.line(question)
             return _outcome(chosen)
+        if elsewhere is not None and elsewhere.done():
+            return _outcome(_chosen(elsewhere.result(), options))  # said when the notice came
         screen.pause_turn()
         try:
-            return await self._ask(question, options)
+            return await self._ask(question, options, elsewhere)
         finally:
             screen.resume_turn()
 
-    async def _ask(self, question: Text, options: list[PermissionOption]) -> RequestPermissionResponse:
+    async def _ask(
+        self, question: Text, options: list[PermissionOption], elsewhere: asyncio.Future[Any] | None
+    ) -> RequestPermissionResponse:
         screen = self.screen
         screen.line(question)
         width = max(len(option.name) for option in options)
@@ -197,8 +234,10 @@ class TerminalClient:
         cancelled = self.turn.cancel_requested if self.turn else asyncio.Event()
         while True:
             answer = await line_or_cancelled(
-                self.lines.read(f"Choose 1-{len(options)}: ", history=False), cancelled.wait()
+                self.lines.read(f"Choose 1-{len(options)}: ", history=False), _either(cancelled, elsewhere)
             )
+            if answer is CANCELLED and elsewhere is not None and elsewhere.done():
+                return _outcome(_chosen(elsewhere.result(), options))  # said when the notice came
             if answer is INTERRUPTED and self.turn is not None:
                 self.interrupt(self.cancel_turn, self.quit_now)
             if answer is CANCELLED or answer is INTERRUPTED:
@@ -214,6 +253,65 @@ class TerminalClient:
                 screen.line(Text.assemble(f"  {screen.marks.answer} ", (chosen.name, style)))
                 return _outcome(chosen)
             screen.line("  answer with a number or an option name", style="yellow")
+
+    # ------------------------------------------------------------------- shared sessions
+
+    def observe(self, event: StreamEvent) -> None:
+        """Each message, before it is handled (an SDK observer): the agent's permission requests'
+        ids, which a `permission_resolved` notice names."""
+        message = event.message
+        if event.direction != StreamDirection.INCOMING or message.get("method") != "session/request_permission":
+            return
+        params = message.get("params")
+        tool_call = params.get("toolCall") if isinstance(params, dict) else None
+        tool_call_id = tool_call.get("toolCallId") if isinstance(tool_call, dict) else None
+        if isinstance(tool_call_id, str) and message.get("id") is not None:
+            key = protocol.id_key(message["id"])
+            self._permission_ids[tool_call_id] = key
+            self._answered_elsewhere[key] = asyncio.get_running_loop().create_future()
+
+    def expect_turn_end(self, session_id: str) -> asyncio.Future[str]:
+        """The stop reason the next `turn_ended` notice of `session_id` gives."""
+        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._turn_end_waiters[session_id] = waiter
+        return waiter
+
+    def forget_turn_end(self, session_id: str) -> None:
+        waiter = self._turn_end_waiters.pop(session_id, None)
+        if waiter is not None:
+            waiter.cancel()
+
+    async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
+        """The server's notices about shared sessions (the SDK strips the leading underscore)."""
+        method = "_" + method
+        session_id = params.get("sessionId")
+        if method == TURN_ENDED_METHOD and isinstance(session_id, str):
+            reason = str(params.get("stopReason"))
+            waiter = self._turn_end_waiters.pop(session_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(reason)
+            else:
+                style = "dim" if reason == "end_turn" else "yellow"
+                self.screen.line(Text.assemble((f"[{reason}]", style), (" another client's turn ended", "dim")))
+        elif method == PERMISSION_RESOLVED_METHOD:
+            key = protocol.id_key(params.get("requestId"))
+            answered = self._answered_elsewhere.get(key)
+            if answered is not None:
+                if not answered.done():
+                    # The question goes; said here, before what the agent does with the answer.
+                    answered.set_result(params.get("outcome"))
+                    chosen = _chosen(params.get("outcome"), self._options_asked.get(key, []))
+                    shown = chosen.name if chosen is not None else _outcome_text(params.get("outcome"))
+                    self.screen.line(
+                        f"  {self.screen.marks.answer} answered by another client: {shown}", style="yellow"
+                    )
+            else:
+                shown = _outcome_text(params.get("outcome"))
+                self.screen.line(
+                    f"  {self.screen.marks.answer} a permission request was answered: {shown}", style="dim"
+                )
+        elif method == TERMINATED_METHOD and isinstance(session_id, str):
+            self.terminated[session_id] = str(params.get("connectionId"))
 
     # ------------------------------------------------------------------ client file access
 
@@ -266,6 +364,31 @@ def _pick(answer: str, options: list[PermissionOption]) -> PermissionOption | No
         if lowered in (option.option_id.lower(), option.name.lower()):
             return option
     return None
+
+
+def _chosen(outcome: Any, options: list[PermissionOption]) -> PermissionOption | None:
+    """The option an outcome (`{"outcome": "selected", "optionId": ...}`) selected, if one of `options`."""
+    if not isinstance(outcome, dict) or outcome.get("outcome") != "selected":
+        return None
+    return next((option for option in options if option.option_id == outcome.get("optionId")), None)
+
+
+def _outcome_text(outcome: Any) -> str:
+    if isinstance(outcome, dict) and outcome.get("outcome") == "selected":
+        return str(outcome.get("optionId"))
+    return "cancelled"
+
+
+async def _either(event: asyncio.Event, answered: asyncio.Future[Any] | None) -> None:
+    """Until `event` is set or `answered` is done (which is never cancelled here)."""
+    waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(event.wait())]
+    if answered is not None:
+        waits.append(asyncio.shield(answered))
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 def _outcome(option: PermissionOption | None) -> RequestPermissionResponse:

@@ -310,6 +310,8 @@ class ReconnectNotices:
             self.screen.line(f"[{event}]", style="yellow")
         else:
             self._shown = False
+            if isinstance(event.error, HttpStatusError) and event.error.status_code == 404:
+                return  # the connection is gone: the terminal says so itself, with what to do next
             self.screen.line(f"[gave up] {describe_error(event.error)}", style="red")
 
 

@@ -122,6 +122,7 @@ class HttpTransport(SseStreams):
         on_retry: RetryCallback | None = None,
         http2: bool | None = None,
         verify: ssl.SSLContext | str | bool = True,
+        attach: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(
             endpoint,
@@ -132,6 +133,7 @@ class HttpTransport(SseStreams):
             reconnect=reconnect,
             restart=restart,
             on_reconnect=on_reconnect,
+            attach=attach,
         )
         self._retry_after = retry_after
         self._on_retry = on_retry
@@ -250,7 +252,7 @@ class HttpTransport(SseStreams):
         self._initializing = True
         self._ledger.sent(value)
         try:
-            response, connection_id = await self._post_initialize(value, raw, "initialize")
+            response, connection_id = await self._post_initialize(value, raw, "initialize", self._attach_headers)
             frame = protocol.parse_frame(response.text)
             if isinstance(frame, Batch):
                 raise self._fail(ProtocolViolationError("initialize response must not be a JSON-RPC batch"))
@@ -271,8 +273,13 @@ class HttpTransport(SseStreams):
                 raise self._fail(ProtocolViolationError("server did not return acp-connection-id header"))
             self._initialized = True
             self._ledger.received(reply)
+            if self._ledger.attach_failure is not None:
+                raise self._fail(ProtocolViolationError(self._ledger.attach_failure))
             self._inbox.put(reply, response.text)
             await self._wait_established(None)
+            if (attachment := self._ledger.attachment) is not None:
+                # What the session retained, then everything live, comes on its stream.
+                await self._wait_established(attachment.session_id)
         finally:
             self._initializing = False
 
@@ -371,7 +378,7 @@ class HttpTransport(SseStreams):
             pass  # sends already queued go out first, in order
         if self._delete_task is not None:
             await asyncio.shield(self._delete_task)
-        elif self.connection_id is not None and self.error is None:
+        elif self.connection_id is not None and self.error is None and not self._leave_on_server:
             await self._delete(self.connection_id)
         await cancel_and_wait([stream.task for stream in self._streams.values()])
         self._inbox.end(None)

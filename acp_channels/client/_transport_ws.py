@@ -64,6 +64,8 @@ _RESUMABLE_CLOSE_CODES: Final = frozenset({1001, 1012})
 #: Upgrade statuses worth another try (a busy or restarting server or balancer).
 _RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 WHAT: Final = "WebSocket"
+#: The close code of a client that goes without ending its connection (a browser tab closing).
+GOING_AWAY: Final = 1001
 
 
 class WebSocketTransport(WebSocketUpgrade):
@@ -87,6 +89,7 @@ class WebSocketTransport(WebSocketUpgrade):
         restart: bool = False,
         on_reconnect: ReconnectCallback | None = None,
         verify: ssl.SSLContext | str | bool = True,
+        attach: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(
             endpoint,
@@ -97,6 +100,7 @@ class WebSocketTransport(WebSocketUpgrade):
             reconnect=reconnect,
             restart=restart,
             on_reconnect=on_reconnect,
+            attach=attach,
         )
         self._ssl = tls_context(verify) if endpoint.startswith("wss:") and verify is not True else None
         self._ping_interval = ping_interval
@@ -134,7 +138,7 @@ class WebSocketTransport(WebSocketUpgrade):
                 return
             self._raise_if_unusable()
             try:
-                socket = await self._open({})
+                socket = await self._open(self._attach_headers)
             except UpgradeRefused as refused:
                 raise self._fail(refused.error) from refused
             except TransportError as exc:
@@ -199,6 +203,9 @@ class WebSocketTransport(WebSocketUpgrade):
         if self._intercepted(value):
             return
         self._ledger.received(value)
+        if self._ledger.attach_failure is not None:
+            self._fail(ProtocolViolationError(self._ledger.attach_failure))
+            return
         self._inbox.put(value, exact)
 
     # ---------------------------------------------------------------------------- reattach
@@ -213,6 +220,7 @@ class WebSocketTransport(WebSocketUpgrade):
         resumable = exc.rcvd is None or exc.rcvd.code in _RESUMABLE_CLOSE_CODES
         if (
             not resumable
+            or self._ledger.terminated  # the attached session's connection ended: nothing to resume
             or self._reconnect is None
             or self._restarting
             or not self._named
@@ -269,7 +277,7 @@ class WebSocketTransport(WebSocketUpgrade):
         """One reattach: the upgrade, then the resend. False when the new socket dropped again."""
         assert self.connection_id is not None
         headers = {"Acp-Connection-Id": self.connection_id, LAST_EVENT_ID: str(self._received_count)}
-        socket = await self._open(headers)
+        socket = await self._open(headers, "WebSocket reattach")
         response = socket.response
         header = response.headers.get(RECEIVED_HEADER) if response is not None else None
         if header is None or not header.strip().isdigit():
@@ -351,10 +359,11 @@ class WebSocketTransport(WebSocketUpgrade):
         return error
 
     async def _shut_down(self) -> None:
-        """Send a Close frame (code 1000: the server ends the connection) and stop reading."""
+        """Send a Close frame (code 1000: the server ends the connection, or detaches an
+        attachment; 1001 after `detach()`: the server keeps it) and stop reading."""
         await cancel_and_wait([self._reattach_task])
         if self._socket is not None:
             with contextlib.suppress(Exception):
-                await self._socket.close()
+                await self._socket.close(code=GOING_AWAY if self._leave_on_server else 1000)
         await cancel_and_wait([self._reader])
         self._inbox.end(None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Mapping
 from typing import Any, Final
 
 import httpx
@@ -44,14 +45,13 @@ class WebSocketUpgrade(ReconnectingTransport):
     subprotocol: str | None
     cookies: httpx.Cookies
 
-    async def _open(self, extra_headers: dict[str, str]) -> ClientConnection:
+    async def _open(self, extra_headers: Mapping[str, str], what: str = "WebSocket upgrade") -> ClientConnection:
         """A new socket; raises `UpgradeRefused` for a non-101 status, a `TransportError` otherwise.
         Records the connection id and cookies of the 101."""
         headers = {**self._headers, **extra_headers}
         cookie_header = "; ".join(f"{name}={value}" for name, value in self.cookies.items())
         if cookie_header and not any(name.lower() == "cookie" for name in headers):
             headers["Cookie"] = cookie_header
-        what = "WebSocket reattach" if extra_headers else "WebSocket upgrade"
         tls_option: dict[str, Any] = {} if self._ssl is None else {"ssl": self._ssl}
         try:
             socket = await connect(
