@@ -43,9 +43,9 @@ BEARER_SUBPROTOCOL_PREFIX: Final = "acp.bearer."
 #: The challenge of a 401 (RFC 6750); `error="invalid_token"` is added when a token was wrong.
 REALM: Final = DEFAULT_CHALLENGE
 CROSS_SITE: Final = "cross-site request refused"
-#: The optional app of built-in tokens, and its lookup (bearer_token's when TOKEN_LOOKUP is None).
+#: The optional app of built-in tokens, and how bearer_token checks them when TOKEN_LOOKUP is None.
 TOKENS_APP: Final = "acp_channels.tokens"
-BUILTIN_TOKEN_LOOKUP: Final = "acp_channels.tokens._lookup.lookup"
+BUILTIN_TOKENS: Final = "acp_channels.tokens._lookup.authenticate_token"
 
 
 class RequestContext:
@@ -202,13 +202,14 @@ async def bearer_token(context: RequestContext) -> Principal:
     """`Authorization: Bearer <token>` (or the `acp.bearer.<token>` subprotocol), looked up by
     ACP_CHANNELS["TOKEN_LOOKUP"]: token -> a Django user (then REQUIRED_PERMISSION applies), a
     Principal, or None (401 invalid_token). No TOKEN_LOOKUP, and the `acp_channels.tokens`
-    app installed: its tokens (`acp_channels.tokens._lookup.lookup`)."""
+    app installed: its tokens, with the scopes the request needs (`acp_channels.tokens._lookup`)."""
     token = context.bearer_token
     if token is None:
         raise Refused.invalid_token() if context.header("authorization") is not None else Refused.unauthenticated()
     path: str | None = acp_settings.TOKEN_LOOKUP
     if path is None and apps.is_installed(TOKENS_APP):
-        path = BUILTIN_TOKEN_LOOKUP  # the acp_channels.tokens app's tokens
+        principal: Principal = await _callable(BUILTIN_TOKENS)(token, context)
+        return principal
     if path is None:
         raise Refused.invalid_token()  # misconfigured (a system check says so): nobody gets in
     found = await call_maybe_async(_callable(path), token)

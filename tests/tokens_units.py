@@ -24,7 +24,7 @@ from acp_channels._identity import Principal
 from acp_channels._revalidate import builtin_check
 from acp_channels.auth import RequestContext, authenticate
 from acp_channels.errors import Refused
-from acp_channels.tokens.models import CONNECT, OBSERVE, AgentToken, token_digest
+from acp_channels.tokens.models import CONNECT, CONTROL, OBSERVE, AgentToken, token_digest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 INVALID = 'Bearer realm="acp", error="invalid_token"'
@@ -179,6 +179,33 @@ def test_permission_and_scope_are_required() -> None:
     _, observer = AgentToken.create(user("alice"), "observer", scopes=[OBSERVE])
     found = refusal(observer)
     assert found.status == 403 and "acp:connect" in found.reason
+
+
+def attaching(secret: str, role: str) -> RequestContext:
+    headers = [
+        (b"authorization", f"Bearer {secret}".encode()),
+        (b"acp-attach-session", b"s-1"),
+        (b"acp-attach-role", role.encode()),
+    ]
+    return RequestContext("http", {"type": "http", "headers": headers})
+
+
+def test_attaching_needs_the_session_scopes() -> None:
+    """The rule of acp_channels.oauth: observe for an observer, control (which grants observe)
+    for a controller; the scopes stay with the request (a ticket bought with it keeps them)."""
+    alice = user("alice")
+    _, connect_only = AgentToken.create(alice, "connect")
+    _, observer = AgentToken.create(alice, "observer", scopes=[CONNECT, OBSERVE])
+    _, controller = AgentToken.create(alice, "controller", scopes=[CONNECT, CONTROL])
+    for secret, role in ((connect_only, "observer"), (connect_only, "controller"), (observer, "controller")):
+        with pytest.raises(Refused) as refused:
+            asyncio.run(authenticate(attaching(secret, role)))
+        assert refused.value.status == 403 and 'error="insufficient_scope"' in (refused.value.challenge or "")
+        assert "acp:session:" in refused.value.reason
+    for secret, role in ((observer, "observer"), (controller, "observer"), (controller, "controller")):
+        context = attaching(secret, role)
+        assert asyncio.run(authenticate(context)).display == "alice"
+        assert CONNECT in getattr(context, "oauth_token_scopes", ())
 
 
 def test_the_view_answers_401_invalid_token() -> None:
