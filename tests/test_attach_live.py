@@ -147,7 +147,9 @@ async def test_a_turn_outlives_its_client_and_another_attaches_to_it(
     attachment_id = response.headers["acp-connection-id"]
     assert attachment_id != connection_id
     meta = response.json()["result"]["_meta"]["acp-channels/attachment"]
+    retained = meta.pop("retained")
     assert meta == {"sessionId": session_id, "connectionId": connection_id, "role": "controller", "turnRunning": True}
+    assert 3 <= retained <= 40  # at least what A read, at most the whole turn
     async with open_sse(http, server.url, attachment_id, session_id, **ALICE) as attached:
         cursors: list[str] = []
         lines, end = await ticks_until_turn_ends(attached, cursors=cursors)

@@ -118,6 +118,7 @@ class SharedSessions:
             "connectionId": self.host.connection_id,
             "role": tap.role,
             "turnRunning": self.host.sessions.turn_running(tap.session_id),
+            "retained": tap.retained,  # the messages before the live ones
         }
         return {"jsonrpc": protocol.JSONRPC_VERSION, "id": request_id, "result": result}
 

@@ -86,6 +86,8 @@ class SessionTap:
         self._next_id = 0
         #: The ids its client's requests have at the host's agent -> the client's own ids.
         self._ids: dict[str, Any] = {}
+        #: Messages of what the session kept, queued at attach (they come first).
+        self.retained = 0
         #: Its own connection's id (the attachment), once bound.
         self.connection_id = ""
         #: Ends its connection when its client fell too far behind (set by whoever opened it).
@@ -132,6 +134,7 @@ class SessionTap:
         for message in messages:
             self.deliver(message)
         self._allowance += self._queued_bytes
+        self.retained = len(messages)
 
     def deliver(self, message: dict[str, Any]) -> None:
         """A message for this tap's client. A client that does not read while the queue holds

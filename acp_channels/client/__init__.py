@@ -33,15 +33,16 @@ from ._http_client import DEFAULT_TIMEOUT, HttpClient, check_token, resolve_endp
 from ._reconnect import DEFAULT_BACKOFF, Backoff, ReconnectEvent, ReconnectPolicy, StreamDrop
 from ._retry import DEFAULT_RETRY_AFTER, RetryAfter, RetryEvent
 
-# What `HttpClient.attachment` is (docs/client.md); listed in __all__ once docs/api.md lists them.
-from ._shared_sessions import Attachment as Attachment
-from ._shared_sessions import AttachRole as AttachRole
+# What `HttpClient.attachment` is (docs/client.md).
+from ._shared_sessions import Attachment, AttachRole
 
 __all__ = [
     "DEFAULT_BACKOFF",
     "DEFAULT_RETRY_AFTER",
     "DEFAULT_TIMEOUT",
     "AcpClientError",
+    "AttachRole",
+    "Attachment",
     "AuthenticationError",
     "Backoff",
     "ClientUsageError",
