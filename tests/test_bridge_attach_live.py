@@ -12,13 +12,18 @@
   terminating the session ends the bridge (exit 1, said on stderr);
 * an unknown session id: the initialize is answered with an error naming the cause, exit 1;
 * a server that does not attach (it answers initialize without the attachment's _meta);
+* against a fake: the attach headers go on the initialize POST only (the client attaches), the
+  session's stream opens right after it, what it brings waits for the editor's session/new,
+  and the editor's prompt carries an operation id;
 * the options that do not go with --attach: exit 2.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,7 +35,7 @@ import pytest
 from tests import auth_fixtures as tokens
 from tests.bridge_process import BridgeProcess, text_updates
 from tests.live import JSON, ROOT, DaphneServer, SseReader, open_sse, post, rpc
-from tests.peers.fakes import CONNECTION_ID, FakeAcp
+from tests.peers.fakes import CONNECTION_ID, Answer, FakeAcp, Reply, Request, within
 
 TRANSPORTS = ["http", "ws"]
 ENV = {
@@ -148,6 +153,7 @@ async def test_the_editor_gets_the_running_turn_then_prompts_on_that_session(
             init = await bridge.initialize()
             assert init["agentInfo"]["name"] == "acp-channels-demo"
             meta = init["_meta"]["acp-channels/attachment"]
+            assert meta.pop("retained") >= 1  # how many messages come before the live ones: tick 1 at least
             assert meta == {
                 "sessionId": session_id,
                 "connectionId": first.connection_id,
@@ -277,11 +283,52 @@ async def test_a_server_that_does_not_attach_is_refused(fake: FakeAcp) -> None:
         assert [answer["id"] for answer in answers] == [request_id, request_id + 1]
         for answer in answers:
             assert answer["error"]["data"] == {"acpBridge": "attach-refused"}
-            assert "did not attach to session 'sess-1'" in answer["error"]["message"]
+            assert "could not attach to session 'sess-1'" in answer["error"]["message"]
+            assert "_meta['acp-channels/attachment']" in answer["error"]["message"]
         assert await bridge.wait() == 1
     initialize = fake.of("POST")[0]
     assert (initialize.headers["acp-attach-session"], initialize.headers["acp-attach-role"]) == ("sess-1", "controller")
     assert [request.connection_id for request in fake.of("DELETE")] == [CONNECTION_ID]
+
+
+async def test_the_client_attaches_and_the_session_waits_for_the_editor(fake: FakeAcp) -> None:
+    async def on_initialize(request: Request) -> Answer:
+        attachment = {"sessionId": "sess-1", "connectionId": "conn-host", "role": "controller", "turnRunning": False}
+        result = {"protocolVersion": 1, "_meta": {"acp-channels/attachment": attachment}}
+        return Reply(
+            200, {"jsonrpc": "2.0", "id": request.json()["id"], "result": result}, {"acp-connection-id": CONNECTION_ID}
+        )
+
+    fake.on_initialize = on_initialize
+    retained = {"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "sess-1", "update": {}}}
+    fake.push("sess-1", retained)
+    async with BridgeProcess(fake.url, "--attach", "sess-1") as bridge:
+        init = await bridge.initialize()
+        assert init["_meta"]["acp-channels/attachment"]["sessionId"] == "sess-1"
+        # The session's stream opens right after the initialize; what it brings is held.
+        await within(fake.wait_for(lambda: bool(fake.of("GET", session_id="sess-1"))))
+        assert await bridge.new_session("/tmp") == "sess-1"
+        assert await bridge.receive() == retained
+
+        turn = await bridge.request("session/prompt", {"sessionId": "sess-1", "prompt": []})
+        await within(fake.wait_for(lambda: bool(fake.of("POST", rpc_method="session/prompt"))))
+        posted = fake.of("POST", rpc_method="session/prompt")[0]
+        operation_id = posted.json()["params"]["_meta"]["acp-channels/operationId"]
+        assert str(uuid.UUID(operation_id)) == operation_id
+        fake.push("sess-1", {"jsonrpc": "2.0", "id": turn, "result": {"stopReason": "end_turn"}})
+        assert (await bridge.reply_to(turn))["result"] == {"stopReason": "end_turn"}
+        await bridge.close_stdin()
+        assert await bridge.wait() == 0
+    initialize, *others = fake.requests
+    assert json.loads(initialize.body)["method"] == "initialize"
+    assert (initialize.headers["acp-attach-session"], initialize.headers["acp-attach-role"]) == ("sess-1", "controller")
+    assert [(request.method, request.session_id) for request in others] == [
+        ("GET", None),
+        ("GET", "sess-1"),
+        ("POST", "sess-1"),
+        ("DELETE", None),
+    ]
+    assert not any(name.startswith("acp-attach") for request in others for name in request.headers)
 
 
 @pytest.mark.parametrize(

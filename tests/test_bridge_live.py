@@ -19,6 +19,7 @@ import json
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from acp_channels.bridge._stdio import LineSplitter, LineTooLong
 from tests.bridge_process import BridgeProcess, text_updates
 from tests.cluster import Cluster
 from tests.live import ROOT, DaphneServer, wait_for_line
-from tests.peers.fakes import CONNECTION_ID, FakeAcp, within
+from tests.peers.fakes import CONNECTION_ID, Answer, Drop, FakeAcp, Reply, Request, within
 
 TRANSPORTS = ["http", "ws"]
 TOKEN = "bridge-test-token-5f2c"
@@ -325,6 +326,85 @@ async def test_frames_pass_byte_for_byte_over_websocket(
         await bridge.close_stdin()
         assert await bridge.wait() == 0
     assert received == [EDITOR_BATCH, EDITOR_ANSWER]
+
+
+# -- operation ids -----------------------------------------------------------------------------
+
+OPERATION_ID = "acp-channels/operationId"
+#: A prompt as an editor writes it (its own spacing, a _meta of its own), without an operation id.
+EDITOR_PROMPT = (
+    '{"jsonrpc":"2.0", "id":7, "method":"session/prompt",'
+    ' "params":{"sessionId":"sess-1","prompt":[{"type":"text","text":"h\u00e9"}],"_meta":{"zed.dev/x":1}}}'
+)
+#: One that names its operation already: it goes byte for byte.
+NAMED_PROMPT = (
+    '{"jsonrpc":"2.0", "id":8, "method":"session/prompt",'
+    ' "params":{"sessionId":"sess-1","prompt":[],"_meta":{"acp-channels/operationId":"op-editor-1"}}}'
+)
+
+
+def operation_id(message: Any) -> str:
+    """The prompt's operation id: a UUID."""
+    value: str = message["params"]["_meta"][OPERATION_ID]
+    assert str(uuid.UUID(value)) == value
+    return value
+
+
+def without_operation_id(message: Any) -> Any:
+    meta = {key: value for key, value in message["params"]["_meta"].items() if key != OPERATION_ID}
+    return {**message, "params": {**message["params"], "_meta": meta}}
+
+
+async def test_a_prompt_gets_an_operation_id_and_a_post_whose_answer_was_lost_is_sent_again(fake: FakeAcp) -> None:
+    """The bridge relays raw bytes, so it gives a prompt without an operation id one (only that
+    frame is serialized again); a POST of it whose answer is lost then goes again, the same
+    bytes, and the editor gets one answer. A prompt naming its operation goes byte for byte."""
+    dropped: list[Request] = []
+
+    async def on_post(request: Request) -> Answer:
+        if request.rpc_method == "session/prompt" and not dropped:
+            dropped.append(request)
+            return Drop()  # the request arrived; its answer is lost
+        if request.rpc_method == "session/prompt":
+            fake.push("sess-1", {"jsonrpc": "2.0", "id": request.json()["id"], "result": {"stopReason": "end_turn"}})
+        return Reply(202)
+
+    fake.on_post = on_post
+    async with BridgeProcess(fake.url) as bridge:
+        await bridge.initialize()
+        await bridge.write_line(EDITOR_PROMPT)
+        assert await bridge.receive() == {"jsonrpc": "2.0", "id": 7, "result": {"stopReason": "end_turn"}}
+        first, again = fake.of("POST", rpc_method="session/prompt")
+        assert again.body == first.body  # the same bytes, the same operation
+        operation_id(first.json())
+        assert without_operation_id(first.json()) == json.loads(EDITOR_PROMPT)
+
+        await bridge.write_line(NAMED_PROMPT)
+        assert (await bridge.receive())["id"] == 8
+        assert fake.of("POST", rpc_method="session/prompt")[2].body == NAMED_PROMPT.encode()
+        await bridge.close_stdin()
+        assert await bridge.rest_of_output() == []
+        assert await bridge.wait() == 0
+    assert "reconnecting… (POST session/prompt, attempt 1)" in bridge.stderr
+    assert "resumed the POST session/prompt: nothing lost" in bridge.stderr
+    assert "Traceback" not in bridge.stderr
+
+
+async def test_a_prompt_over_websocket_gets_an_operation_id(
+    fake_websocket: tuple[str, list[str], asyncio.Queue[str]],
+) -> None:
+    url, received, _ = fake_websocket
+    # The prompts are never answered: after stdin closes the bridge sends what it read, then
+    # waits for the answers, up to --drain-timeout.
+    async with BridgeProcess(url, "--drain-timeout", "1") as bridge:
+        for line in (EDITOR_PROMPT, NAMED_PROMPT, EDITOR_ANSWER):
+            await bridge.write_line(line)
+        await bridge.close_stdin()
+        await bridge.wait()
+    stamped, named, answer = received
+    operation_id(json.loads(stamped))
+    assert without_operation_id(json.loads(stamped)) == json.loads(EDITOR_PROMPT)
+    assert (named, answer) == (NAMED_PROMPT, EDITOR_ANSWER)
 
 
 # -- credentials -------------------------------------------------------------------------------

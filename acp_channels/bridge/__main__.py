@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import signal
 import sys
 
+from acp_channels import _protocol as protocol
 from acp_channels.client import ClientUsageError
 from acp_channels.client._cli import ConnectionOptions, add_connection_arguments, connection_options
 from acp_channels.client._http_client import shown_url
 
-from ._attach import ATTACH_ROLE_HEADER, ATTACH_SESSION_HEADER, ROLES, Attachment
+from ._attach import ROLES, Attachment
 from ._relay import Bridge, BridgeEnd, log_reconnect
 from ._stdio import StdinLines, StdoutLines
 
@@ -93,8 +93,8 @@ def _attachment(args: argparse.Namespace, options: ConnectionOptions) -> Attachm
     if options.restart:
         raise ClientUsageError("--restart and --attach do not go together (a restart would start a new agent)")
     named = {name.lower() for name in options.headers}
-    if {ATTACH_SESSION_HEADER.lower(), ATTACH_ROLE_HEADER.lower()} & named:
-        raise ClientUsageError(f"give --attach or an {ATTACH_SESSION_HEADER} header (-H), not both")
+    if {protocol.ATTACH_SESSION_HEADER, protocol.ATTACH_ROLE_HEADER} & named:
+        raise ClientUsageError("give --attach or an Acp-Attach-Session header (-H), not both")
     try:
         return Attachment(args.attach, args.role or "controller")
     except ValueError as exc:
@@ -104,9 +104,12 @@ def _attachment(args: argparse.Namespace, options: ConnectionOptions) -> Attachm
 async def _serve(
     options: ConnectionOptions, max_message_size: int, drain_timeout: float, attach: Attachment | None
 ) -> int:
-    if attach is not None:  # on the initialize POST or the upgrade; the server reads them nowhere else
-        options = dataclasses.replace(options, headers={**options.headers, **attach.headers()})
-    client = options.client(max_message_size=max(max_message_size, RECEIVE_LIMIT), on_reconnect=log_reconnect)
+    # With --attach the client attaches: its initialize (HTTP: the POST; WebSocket: the upgrade)
+    # asks for the session, and over HTTP the session's stream opens right after it.
+    attaching = {"attach": attach.session_id, "role": attach.role} if attach is not None else {}
+    client = options.client(
+        max_message_size=max(max_message_size, RECEIVE_LIMIT), on_reconnect=log_reconnect, **attaching
+    )
     sink = StdoutLines()
     bridge = Bridge(
         client,

@@ -1,9 +1,10 @@
 """`acp-bridge --attach SESSION_ID`: hand the editor a live session started elsewhere
 (docs/bridge.md, "Attaching to a running session"; the server side: docs/shared-sessions.md).
 
-The editor starts the bridge as its agent as always. Its `initialize` opens an attachment
-(`Acp-Attach-Session`, `Acp-Attach-Role` on the initialize POST or the WebSocket upgrade) and is
-answered with the attachment's initialize result. The editor then asks for a session; the bridge
+The attaching itself is the client's (`HttpClient(url, attach=SESSION_ID, role=...)`,
+docs/client.md): the editor's `initialize` opens the attachment, its result is checked to be
+one (`client.attachment`), and over HTTP the session's stream opens right after it. Here is
+what a stdio agent owes its editor on top of that. The editor asks for a session; the bridge
 gives it the attached one without asking the remote:
 
 * the first `session/new` is answered `{"sessionId": SESSION_ID}`; a later one is refused (the
@@ -15,7 +16,7 @@ gives it the attached one without asking the remote:
 Until the editor has the session (the first of these), what the remote sends about it (its
 notifications and requests: what the session retained, then live) is held back, then written in
 the order it came: an editor drops updates for a session it does not know. Responses are never
-held. Over HTTP the session's stream is opened once the editor has the session.
+held.
 """
 
 from __future__ import annotations
@@ -23,39 +24,33 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from acp_channels import _protocol as protocol
-from acp_channels.client import HttpClient, HttpStatusError, TransportError
+from acp_channels.client import Attachment as ClientAttachment
+from acp_channels.client import AttachRole, HttpStatusError, ProtocolViolationError, TransportError
 from acp_channels.client._base import FrameValue
-from acp_channels.client._transport_http import HttpTransport
+from acp_channels.client._shared_sessions import ATTACH_ROLES, TERMINATED_METHOD
 
 __all__ = [
-    "ATTACHMENT_META",
-    "ATTACH_ROLE_HEADER",
-    "ATTACH_SESSION_HEADER",
-    "TERMINATED_METHOD",
+    "HELD_BYTES_LIMIT",
+    "ROLES",
     "Attachment",
     "LocalAnswer",
-    "Role",
-    "open_session_stream",
+    "check_session_id",
 ]
 
 logger = logging.getLogger("acp_channels.bridge")
 
-Role = Literal["controller", "observer"]
-ROLES: Final[tuple[Role, ...]] = ("controller", "observer")
-
-#: The server's names (docs/shared-sessions.md; provisional).
-ATTACH_SESSION_HEADER: Final = "Acp-Attach-Session"
-ATTACH_ROLE_HEADER: Final = "Acp-Attach-Role"
-ATTACHMENT_META: Final = "acp-channels/attachment"
-TERMINATED_METHOD: Final = "_acp-channels/session/terminated"
+ROLES: Final[tuple[AttachRole, ...]] = ATTACH_ROLES
 
 #: Statuses of the initialize (or the upgrade) that refuse the attachment itself: no such
-#: session (or not the caller's to attach to), a bad role, too many clients on the session.
+#: session (or not the caller's to attach to), a token without the scope, a bad role, too many
+#: clients on the session.
 _REFUSALS: Final = {
     404: "the server has no such session that these credentials may attach to",
+    403: "these credentials may not attach to it (a token needs the scope acp:session:control, "
+    "or acp:session:observe for an observer)",
     400: "the server refused the attach request",
     429: "too many clients are attached to it already",
 }
@@ -81,22 +76,22 @@ class LocalAnswer:
 
 
 class Attachment:
-    """The state of one `--attach`: the initialize that opens it, what is held for the editor,
-    and the local answers."""
+    """The state of one `--attach` as the editor sees it: the initialize that opens it, what is
+    held for the editor, and the local answers."""
 
-    def __init__(self, session_id: str, role: Role = "controller") -> None:
+    def __init__(self, session_id: str, role: AttachRole = "controller") -> None:
         check_session_id(session_id)
         self.session_id = session_id
-        self.role: Role = role
+        self.role: AttachRole = role
         #: The editor's initialize request (its id), once one was relayed.
         self.initialize_sent = False
         self._initialize_id: Any = None
         #: Set when the initialize is answered: `attached` says whether it opened the attachment.
         self.settled = asyncio.Event()
         self.attached = False
-        #: Why the server's initialize answer is not an attachment (its error, or a missing _meta).
+        #: Why the server's initialize answer is not an attachment (its error, or no attachment).
         self.refusal: str | None = None
-        #: The answer was a result without the attachment's _meta: the bridge ends.
+        #: The answer was a result without the attachment: the bridge ends.
         self._not_attached = False
         #: The editor was given the session (or named it): nothing is held any more.
         self.handed_over = asyncio.Event()
@@ -106,9 +101,6 @@ class Attachment:
         self.held_bytes = 0
         #: Around holding, and around handing over (answer, then what was held): keeps the order.
         self.lock = asyncio.Lock()
-
-    def headers(self) -> dict[str, str]:
-        return {ATTACH_SESSION_HEADER: self.session_id, ATTACH_ROLE_HEADER: self.role}
 
     # ------------------------------------------------------------------- editor -> remote
 
@@ -159,31 +151,29 @@ class Attachment:
             and value.get("id") == self._initialize_id
         )
 
-    def initialize_reply(self, value: dict[str, Any]) -> str | None:
-        """Note the answer to the editor's initialize (the caller sets `settled` once the editor
-        has it); returns the message of the error the editor gets instead when the answer is a
-        result that opened no attachment (a server that does not attach: it started an agent)."""
+    def initialize_reply(self, value: dict[str, Any], attachment: ClientAttachment | None) -> str | None:
+        """Note the answer to the editor's initialize, given what the client attached to (the
+        caller sets `settled` once the editor has it); returns the message of the error the
+        editor gets instead when the answer is a result that opened no attachment (the client
+        fails the connection first, as a server that does not attach broke the contract)."""
         if "error" in value:
             error = value["error"]
             self.refusal = str(error.get("message")) if isinstance(error, dict) else "initialize failed"
             return None
-        result = value.get("result")
-        meta = result.get("_meta") if isinstance(result, dict) else None
-        attachment = meta.get(ATTACHMENT_META) if isinstance(meta, dict) else None
-        if not isinstance(attachment, dict) or attachment.get("sessionId") != self.session_id:
+        if attachment is None or attachment.session_id != self.session_id:
             self.refusal = (
-                f"the server did not attach to session {self.session_id!r}: its initialize result has no "
-                f"_meta[{ATTACHMENT_META!r}] for it (a server without shared sessions?)"
+                "the server did not attach: its initialize result has no _meta['acp-channels/attachment'] "
+                "for it (a server without shared sessions?)"
             )
             self._not_attached = True
-            return f"acp-bridge: {self.refusal}"
+            return f"acp-bridge: could not attach to session {self.session_id!r}: {self.refusal}"
         self.attached = True
-        running = "a turn is running" if attachment.get("turnRunning") else "no turn is running"
+        running = "a turn is running" if attachment.turn_running else "no turn is running"
         logger.info(
             "attached to session %s as %s (its connection: %s; %s)",
             self.session_id,
-            attachment.get("role", self.role),
-            attachment.get("connectionId", "?"),
+            attachment.role,
+            attachment.connection_id,
             running,
         )
         return None
@@ -218,16 +208,12 @@ class Attachment:
         """The editor's message when the attachment was refused (no such session, too many
         clients, a server that does not attach); None for any other failure."""
         if self._not_attached:
-            return f"acp-bridge: {self.refusal}"
-        if connected or not isinstance(error, HttpStatusError) or error.status_code not in _REFUSALS:
+            return f"acp-bridge: could not attach to session {self.session_id!r}: {self.refusal}"
+        if connected:
+            return None
+        if isinstance(error, ProtocolViolationError) and self.initialize_sent and not self.settled.is_set():
+            # The client refused the initialize's answer (a result that is no attachment, for one).
+            return f"acp-bridge: could not attach to session {self.session_id!r}: {error}"
+        if not isinstance(error, HttpStatusError) or error.status_code not in _REFUSALS:
             return None
         return f"acp-bridge: could not attach to session {self.session_id!r}: {_REFUSALS[error.status_code]} ({error})"
-
-
-async def open_session_stream(client: HttpClient, session_id: str) -> None:
-    """HTTP: open the session's stream now (what the session retained comes on it, then live);
-    a reply naming the session would have opened it, but the bridge answered the editor itself.
-    A WebSocket carries everything already."""
-    transport = client.transport
-    if isinstance(transport, HttpTransport):
-        await transport._wait_established(session_id)

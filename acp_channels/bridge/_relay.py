@@ -9,7 +9,11 @@ responses) is `HttpClient`'s job; the relay adds what a stdio agent owes its edi
 * a line that is not JSON-RPC is answered at once, as a stdio agent would (-32700 / -32600);
 * responses the editor sends pass requests the editor sent before them that are still being
   delivered (HTTP: the transport's two lanes), so an agent waiting on a permission never waits
-  behind the prompt that asked for it.
+  behind the prompt that asked for it;
+* a `session/prompt` without an operation id gets one (`params._meta["acp-channels/operationId"]`,
+  a UUID), as `HttpClient` gives the prompts it serializes itself: the server runs it once however
+  often it arrives, so a POST whose answer was lost is sent again (HTTP) and a reattach resends
+  it (WebSocket) safely. Only such frames are serialized again; every other one goes unchanged.
 
 A dropped stream or socket is resumed by `HttpClient` without the editor noticing (nothing is
 lost or written twice); `log_reconnect` says so on stderr ("reconnecting…", "resumed …").
@@ -31,8 +35,9 @@ from acp_channels import _protocol as protocol
 from acp_channels._protocol import Malformed
 from acp_channels.client import ClientUsageError, HttpClient, ReconnectEvent, TransportError
 from acp_channels.client._base import FrameValue, response_only
+from acp_channels.client._shared_sessions import with_operation_ids
 
-from ._attach import HELD_BYTES_LIMIT, Attachment, LocalAnswer, open_session_stream
+from ._attach import HELD_BYTES_LIMIT, Attachment, LocalAnswer
 from ._stdio import LineSink, LineSource, LineTooLong
 
 __all__ = ["BRIDGE_ERROR", "Bridge", "BridgeEnd", "log_reconnect"]
@@ -111,6 +116,22 @@ def _responses(value: FrameValue) -> Iterable[Any]:
     for message in messages:
         if isinstance(message, dict) and "method" not in message and "id" in message:
             yield message["id"]
+
+
+def _with_operation_ids(value: FrameValue, text: str) -> tuple[FrameValue, str]:
+    """The frame to send, and its text: a frame with a `session/prompt` request that names no
+    operation is given an operation id (a new UUID) for each such prompt and serialized again;
+    any other frame is `value` and `text` unchanged (its bytes go as the editor wrote them)."""
+    stamped = with_operation_ids(value)
+    if isinstance(value, list):
+        assert isinstance(stamped, list)
+        changed = any(new is not old for new, old in zip(stamped, value, strict=True))
+    else:
+        changed = stamped is not value
+    if not changed:
+        return value, text
+    logger.debug("an operation id given to a session/prompt")
+    return stamped, protocol.dumps(stamped)
 
 
 def _one_line(text: str) -> str:
@@ -224,7 +245,10 @@ class Bridge:
     async def _close(self) -> None:
         try:
             async with asyncio.timeout(self._close_timeout):
-                await self.client.close()
+                if self.attach is not None:
+                    await self.client.detach()  # the session goes on for its other clients
+                else:
+                    await self.client.close()
         except TimeoutError:
             logger.warning("the remote did not confirm the close within %gs", self._close_timeout)
 
@@ -260,6 +284,7 @@ class Bridge:
             await self._write_value(frame.error)  # what the remote would answer; nothing is sent
             return
         value: FrameValue = protocol.frame_value(frame)
+        value, text = _with_operation_ids(value, text)
         request_ids = _requests(frame)
         local = self.attach.from_editor(frame) if self.attach is not None else None
         if isinstance(local, str):  # something an attached bridge does not do: refused, nothing sent
@@ -300,7 +325,7 @@ class Bridge:
 
     async def _answer_locally(self, local: LocalAnswer, request_ids: list[Any]) -> bool:
         """`--attach`: once the attachment is open, answer `local` and hand the editor the session
-        (what was held for it, then the session's stream). False: no attachment (answered so)."""
+        (what was held for it; the rest follows as it comes). False: no attachment (answered so)."""
         attach = self.attach
         assert attach is not None
         if not attach.initialize_sent:
@@ -317,7 +342,6 @@ class Bridge:
                 for text in attach.take_held():
                     await self._write(text)
                 attach.handed_over.set()
-        await open_session_stream(self.client, attach.session_id)
         return True
 
     async def _refuse(self, request_ids: list[Any], reason: str) -> None:
@@ -354,7 +378,7 @@ class Bridge:
         assert attach is not None
         if attach.is_initialize_reply(value):
             assert isinstance(value, dict)
-            if (instead := attach.initialize_reply(value)) is not None:
+            if (instead := attach.initialize_reply(value, self.client.attachment)) is not None:
                 await self._write_value(_bridge_error(value.get("id"), instead, "attach-refused"))
                 self._lose_remote(TransportError(attach.refusal or instead))
             else:
