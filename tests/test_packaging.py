@@ -47,7 +47,7 @@ def test_wheel_holds_only_the_package_typed_and_licensed(built: Built) -> None:
     assert metadata["Version"] == VERSION
     assert metadata["License-Expression"] == "MIT"
     assert metadata["License"] is None  # the deprecated free-text field is gone
-    assert set(metadata.get_all("Provides-Extra") or []) == {"redis", "http2", "test"}
+    assert set(metadata.get_all("Provides-Extra") or []) == {"redis", "http2", "oauth", "test"}
     http2 = [line for line in metadata.get_all("Requires-Dist") or [] if 'extra == "http2"' in line]
     # daphne negotiates h2 only with Twisted's tls and http2 extras (h2, priority); httpx needs h2.
     assert any(line.startswith("twisted[http2,tls]") or line.startswith("Twisted[http2,tls]") for line in http2), http2
