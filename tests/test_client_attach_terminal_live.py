@@ -161,8 +161,8 @@ def ticks(text: str) -> list[int]:
     ("shape", "kind", "command", "count"),
     [
         ("one-worker", "http", "tick 200 50", 200),  # the flow, with the demo agent as it is
-        ("one-worker", "ws", "tick 40 100", 40),  # long enough to outlast a client's start
-        ("three-workers", "http", "tick 40 100", 40),  # the attachment on another worker than the turn
+        ("one-worker", "ws", "tick 40 150", 40),  # long enough to outlast a client's start on a busy machine
+        ("three-workers", "http", "tick 40 150", 40),  # the attachment on another worker than the turn
     ],
 )
 async def test_a_killed_clients_turn_goes_on_and_attach_prints_all_of_it_once(
