@@ -58,6 +58,9 @@ class AgentToken(models.Model):
     objects = AgentTokenQuerySet.as_manager()
 
     class Meta:
+        # Explicit: imported where the app is not installed (the public API's import test), the
+        # model would otherwise register under the app `acp_channels`, whose module holds it.
+        app_label = "acp_tokens"
         verbose_name = "agent token"
         ordering = ("-created",)
         permissions = [("use_agent", "Can use ACP agents")]
