@@ -152,6 +152,8 @@ class SharedSessions:
     def outbound(self, frame: Frame) -> Frame | None:
         """Share what the agent says about shared sessions; returns what goes to the host's own
         client (None: nothing)."""
+        if not self.taps and isinstance(frame, Single) and "method" in frame.message:
+            return frame  # the usual event, and nobody else attached (any more): nothing to share
         messages = protocol.frame_messages(frame)
         own: list[dict[str, Any]] = []
         for message in messages:
