@@ -72,18 +72,6 @@ def render(connections: list[ConnectionInfo], *, complete: bool) -> dict[str, An
     sessions: list[tuple[float, dict[str, Any]]] = []
     listed: list[dict[str, Any]] = []
     for info in connections:
-        if info.attached_to is not None:  # another client of a session: listed with the session's connection
-            listed.append(
-                {
-                    "connectionId": info.connection_id,
-                    "principal": info.principal,
-                    "transport": info.transport,
-                    "created": _iso(now - info.age_seconds),
-                    "attachedTo": info.attached_to,
-                    "sessions": [session.session_id for session in info.activity],
-                }
-            )
-            continue
         last = max([now - info.idle_seconds, *(session.last_activity for session in info.activity)])
         listed.append(
             {
@@ -95,8 +83,12 @@ def render(connections: list[ConnectionInfo], *, complete: bool) -> dict[str, An
                 "lastActivity": _iso(last),
                 "attachments": info.attachments,
                 "sessions": [session.session_id for session in info.activity],
+                # Another client of a session: the connection whose session it carries.
+                "attachedTo": info.attached_to,
             }
         )
+        if info.attached_to is not None:
+            continue  # its session is listed with the connection hosting it
         for session in info.activity:
             entry = {
                 "sessionId": session.session_id,

@@ -90,3 +90,20 @@ async def test_an_anonymous_caller_sees_nothing(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(directory_module.gateway, "cluster_connections", cluster_connections)
     assert await directory_module.directory(ANONYMOUS) == {"sessions": [], "connections": [], "complete": True}
     assert asked == []
+
+
+def test_an_attachment_is_listed_as_a_connection_clients_can_read() -> None:
+    """Another client of a session: a connection like any (every field a client reads, plus
+    `attachedTo`), its session listed once, with the connection hosting it."""
+    from acp_channels.client._directory import parse_directory
+
+    session = SessionInfo("s1", 1000.0, 1001.0, True, 0)
+    host = ConnectionInfo("c1", "w", "token:alice", "http", 0, 5.0, 1.0, 0, None, attachments=1, activity=(session,))
+    attached = ConnectionInfo(
+        "c2", "w", "token:alice", "websocket", 0, 2.0, 0.0, 0, None, activity=(session,), attached_to="c1"
+    )
+    body = directory_module.render([host, attached], complete=True)
+    assert [entry["connectionId"] for entry in body["sessions"]] == ["c1"]
+    assert [entry.get("attachedTo") for entry in body["connections"]] == [None, "c1"]
+    parsed = parse_directory(body)  # an attachment in the list once failed the client's parse
+    assert [entry.connection_id for entry in parsed.connections] == ["c1", "c2"]
