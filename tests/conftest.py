@@ -32,6 +32,7 @@ SLOW_MODULES = frozenset({
     "test_caps_live", "test_batch_live", "test_edge_limits_live", "test_origin_live", "test_auth_live",
     "test_client_servers", "test_oauth_live", "test_client_attach_terminal_live", "test_client_attach_live",
     "test_tokens_recipe", "test_bridge_attach_live", "test_tokens_live", "test_tickets_live", "test_attach_live",
+    "test_directory_live",
 })  # fmt: skip
 #: Fixtures that are real servers.
 LIVE_FIXTURES = frozenset({"demo_server", "wire_server", "claude_server", "caps_server", "redis_server"})
@@ -56,7 +57,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     is collected: before `-m` selects."""
     source = _module_source(item, _sources)
     params = getattr(getattr(item, "callspec", None), "params", {})
-    is_cluster = "three-workers" in params.values() or "Cluster(" in source
+    # "runners": tests.token_servers.RUNNERS, a cluster of web workers and runners.
+    is_cluster = any(value in ("three-workers", "runners") for value in params.values()) or "Cluster(" in source
     live = is_cluster or LIVE_FIXTURES.intersection(item.fixturenames) or any(name in source for name in LIVE_NAMES)
     if live:
         item.add_marker(pytest.mark.live)

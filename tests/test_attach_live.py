@@ -18,28 +18,18 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from tests import auth_fixtures as tokens
 from tests.cluster import Cluster
-from tests.conftest import SHAPES, start_server
+from tests.conftest import SHAPES
 from tests.live import JSON, DaphneServer, SseReader, open_sse, post, rpc
+from tests.token_servers import RUNNERS, TOKEN_ENV, bearer, prompt, start_token_server, text_of
 
-ENV = {
-    "ACP_AUTHENTICATE": "acp_channels.auth.bearer_token",
-    "ACP_TOKEN_LOOKUP": "tests.auth_fixtures.lookup",
-    "ACP_KEEPALIVE_SECONDS": "0.5",
-}
-ALICE = {"Authorization": f"Bearer {tokens.ALICE}"}
-BOB = {"Authorization": f"Bearer {tokens.BOB}"}
+ALICE = bearer(tokens.ALICE)
+BOB = bearer(tokens.BOB)
 NEW_SESSION = {"cwd": "/tmp", "mcpServers": []}
 
 
-@pytest.fixture(scope="module", params=[*SHAPES, "runners"])
+@pytest.fixture(scope="module", params=[*SHAPES, RUNNERS])
 def server(request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
-    if request.param == "runners":
-        redis = request.getfixturevalue("redis_server")
-        live: DaphneServer | Cluster = Cluster(
-            redis, size=2, runner_count=2, env={**ENV, "ACP_AGENT_HOSTS": "runners"}
-        ).start()
-    else:
-        live = start_server(request.param, ENV, request)
+    live = start_token_server(request, request.param)
     yield live
     live.stop()
     assert live.errors() == []
@@ -50,20 +40,6 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
     # A new TCP connection per request: through the balancer, requests land on different workers.
     async with httpx.AsyncClient(timeout=20.0, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         yield client
-
-
-def prompt(request_id: Any, session_id: str, text: str) -> dict[str, Any]:
-    return rpc(request_id, "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]})
-
-
-def text_of(message: dict[str, Any]) -> str | None:
-    """The text of an agent message chunk, else None."""
-    if message.get("method") != "session/update":
-        return None
-    update = message["params"]["update"]
-    if update.get("sessionUpdate") != "agent_message_chunk":
-        return None
-    return str(update["content"]["text"])
 
 
 async def new_connection(
@@ -277,7 +253,7 @@ async def test_several_clients_share_a_session_over_websockets(server: DaphneSer
 async def test_a_detached_connection_outlives_the_idle_timeout(http: httpx.AsyncClient, detached_seconds: str) -> None:
     """Nobody attached for longer than IDLE_TIMEOUT_SECONDS: with DETACHED_SECONDS the
     connection and its finished turn are still there to attach to; with 0 it was reaped."""
-    env = {**ENV, "ACP_IDLE_TIMEOUT_SECONDS": "1", "ACP_DETACHED_SECONDS": detached_seconds}
+    env = {**TOKEN_ENV, "ACP_IDLE_TIMEOUT_SECONDS": "1", "ACP_DETACHED_SECONDS": detached_seconds}
     server = DaphneServer(env=env).start()
     try:
         connection_id, _ = await new_connection(http, server, ALICE)

@@ -36,13 +36,9 @@ from tests import auth_fixtures as tokens
 from tests.bridge_process import BridgeProcess, text_updates
 from tests.live import JSON, ROOT, DaphneServer, SseReader, open_sse, post, rpc
 from tests.peers.fakes import CONNECTION_ID, Answer, FakeAcp, Reply, Request, within
+from tests.token_servers import TOKEN_ENV, prompt
 
 TRANSPORTS = ["http", "ws"]
-ENV = {
-    "ACP_AUTHENTICATE": "acp_channels.auth.bearer_token",
-    "ACP_TOKEN_LOOKUP": "tests.auth_fixtures.lookup",
-    "ACP_KEEPALIVE_SECONDS": "0.5",
-}
 ALICE = {"Authorization": f"Bearer {tokens.ALICE}"}
 BRIDGE_ENV = {"ACP_TOKEN": tokens.ALICE}
 TURN_ENDED = "_acp-channels/session/turn_ended"
@@ -51,7 +47,7 @@ TERMINATED = "_acp-channels/session/terminated"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[DaphneServer]:
-    live = DaphneServer(env=ENV).start()
+    live = DaphneServer(env=TOKEN_ENV).start()
     yield live
     live.stop()
     assert live.errors() == []
@@ -65,10 +61,6 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 def endpoint(server: DaphneServer, transport: str) -> str:
     return server.url if transport == "http" else server.ws_url
-
-
-def prompt(request_id: Any, session_id: str, text: str) -> dict[str, Any]:
-    return rpc(request_id, "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]})
 
 
 def update_of(message: dict[str, Any]) -> tuple[str, str] | None:

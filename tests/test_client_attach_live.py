@@ -30,21 +30,17 @@ from acp_channels.client import (
 )
 from tests import auth_fixtures as tokens
 from tests.live import DaphneServer, rpc
+from tests.token_servers import TOKEN_ENV, prompt, text_of
 
 pytestmark = pytest.mark.timeout(60)
 STEP = 20.0
-ENV = {
-    "ACP_AUTHENTICATE": "acp_channels.auth.bearer_token",
-    "ACP_TOKEN_LOOKUP": "tests.auth_fixtures.lookup",
-    "ACP_KEEPALIVE_SECONDS": "0.5",
-}
 OPERATION = "acp-channels/operationId"
 TURN_ENDED = "_acp-channels/session/turn_ended"
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[DaphneServer]:
-    live = DaphneServer(env=ENV).start()
+    live = DaphneServer(env=TOKEN_ENV).start()
     yield live
     live.stop()
     assert live.errors() == []
@@ -52,19 +48,6 @@ def server() -> Iterator[DaphneServer]:
 
 def endpoint(server: DaphneServer, kind: str) -> str:
     return server.url if kind == "http" else server.ws_url
-
-
-def prompt(request_id: Any, session_id: str, text: str) -> dict[str, Any]:
-    return rpc(request_id, "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]})
-
-
-def text_of(message: dict[str, Any]) -> str | None:
-    if message.get("method") != "session/update":
-        return None
-    update = message["params"]["update"]
-    if update.get("sessionUpdate") != "agent_message_chunk":
-        return None
-    return str(update["content"]["text"])
 
 
 async def next_message(client: HttpClient, wanted: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:

@@ -32,20 +32,16 @@ from acp_channels.client import HttpClient
 from tests import auth_fixtures as tokens
 from tests.cluster import Cluster
 from tests.live import ROOT, DaphneServer, rpc
+from tests.token_servers import TOKEN_ENV
 
 pytestmark = pytest.mark.timeout(90)
 STEP = 30.0
-ENV = {
-    "ACP_AUTHENTICATE": "acp_channels.auth.bearer_token",
-    "ACP_TOKEN_LOOKUP": "tests.auth_fixtures.lookup",
-    "ACP_KEEPALIVE_SECONDS": "0.5",
-}
 TICK = re.compile(r"^tick (\d+)$")
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[DaphneServer]:
-    live = DaphneServer(env=ENV).start()
+    live = DaphneServer(env=TOKEN_ENV).start()
     yield live
     live.stop()
     assert live.errors() == []
@@ -200,7 +196,7 @@ async def test_a_killed_clients_turn_goes_on_and_attach_prints_all_of_it_once(
 
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    live = Cluster(request.getfixturevalue("redis_server"), env=ENV).start()
+    live = Cluster(request.getfixturevalue("redis_server"), env=TOKEN_ENV).start()
     yield live
     live.stop()
     assert live.errors() == []
@@ -367,7 +363,7 @@ class FixedPortDaphne(DaphneServer):
 @pytest.mark.parametrize("kind", ["http", "ws"])
 async def test_a_server_restart_is_said_in_one_line_and_a_new_session_offered(kind: str) -> None:
     port = free_port()
-    first = FixedPortDaphne(env=ENV, fixed_port=port).start()
+    first = FixedPortDaphne(env=TOKEN_ENV, fixed_port=port).start()
     url = f"{'http' if kind == 'http' else 'ws'}://127.0.0.1:{port}"
     piped = await Piped.start(url)
     try:
@@ -376,7 +372,7 @@ async def test_a_server_restart_is_said_in_one_line_and_a_new_session_offered(ki
         await piped.type("echo before")
         await piped.expect(r"^before$")
         first.stop()
-        second = FixedPortDaphne(env=ENV, fixed_port=port).start()
+        second = FixedPortDaphne(env=TOKEN_ENV, fixed_port=port).start()
         try:
             gone = await piped.expect(r"^error: the server no longer has connection", "err")
             assert gone.string == (
@@ -404,14 +400,14 @@ async def test_a_session_a_restart_could_not_load_is_said_and_a_new_one_offered(
     """`--restart`: the client starts a new connection on the restarted server, and the agent
     cannot load the session: one line says so, a prompt does not go to the dead id, /new goes on."""
     port = free_port()
-    first = FixedPortDaphne(env=ENV, fixed_port=port).start()
+    first = FixedPortDaphne(env=TOKEN_ENV, fixed_port=port).start()
     piped = await Piped.start(f"http://127.0.0.1:{port}", "--restart")
     try:
         session_id = (await piped.expect(r"^connection \S+  session (\S+)$")).group(1)
         await piped.type("echo before")
         await piped.expect(r"^before$")
         first.stop()
-        second = FixedPortDaphne(env=ENV, fixed_port=port).start()
+        second = FixedPortDaphne(env=TOKEN_ENV, fixed_port=port).start()
         try:
             gone = await piped.expect(rf"^error: session {session_id} is gone: ", "err")
             assert gone.string.startswith(

@@ -31,19 +31,15 @@ from acp_channels.client import (
 )
 from tests import auth_fixtures as tokens
 from tests.live import ROOT, DaphneServer, rpc
+from tests.token_servers import TOKEN_ENV
 
 pytestmark = pytest.mark.timeout(60)
 STEP = 20.0
-ENV = {
-    "ACP_AUTHENTICATE": "acp_channels.auth.bearer_token",
-    "ACP_TOKEN_LOOKUP": "tests.auth_fixtures.lookup",
-    "ACP_KEEPALIVE_SECONDS": "0.5",
-}
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[DaphneServer]:
-    live = DaphneServer(env=ENV).start()
+    live = DaphneServer(env=TOKEN_ENV).start()
     yield live
     live.stop()
     assert live.errors() == []

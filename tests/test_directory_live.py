@@ -17,29 +17,14 @@ from websockets.asyncio.client import connect
 
 from tests import auth_fixtures as tokens
 from tests.cluster import Cluster
-from tests.conftest import SHAPES, start_server
+from tests.conftest import SHAPES
 from tests.live import JSON, DaphneServer, open_sse, post, rpc
-
-ENV = {
-    "ACP_AUTHENTICATE": "acp_channels.auth.bearer_token",
-    "ACP_TOKEN_LOOKUP": "tests.auth_fixtures.lookup",
-    "ACP_KEEPALIVE_SECONDS": "0.5",
-}
+from tests.token_servers import RUNNERS, bearer, start_token_server
 
 
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-@pytest.fixture(scope="module", params=[*SHAPES, "runners"])
+@pytest.fixture(scope="module", params=[*SHAPES, RUNNERS])
 def server(request: pytest.FixtureRequest) -> Iterator[DaphneServer | Cluster]:
-    if request.param == "runners":  # two web workers host nothing; two runners host the agents
-        redis = request.getfixturevalue("redis_server")
-        live: DaphneServer | Cluster = Cluster(
-            redis, size=2, runner_count=2, env={**ENV, "ACP_AGENT_HOSTS": "runners"}
-        ).start()
-    else:
-        live = start_server(request.param, ENV, request)
+    live = start_token_server(request, request.param)
     yield live
     live.stop()
     assert live.errors() == []
