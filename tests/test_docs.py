@@ -1,6 +1,6 @@
 """The docs hold: relative links resolve (files and heading anchors), every `§N` names a section
 of docs/wire-contract.md, the README's benchmark summary is what bench/report.py makes of
-bench/results.json, commands meant to be pasted are ASCII, and the README's curl session runs
+bench/results.json, commands meant to be pasted are ASCII, and the curl session (docs/curl.md) runs
 against the live demo server (one worker, and three behind a round-robin balancer) and prints
 what the README says it prints."""
 
@@ -149,7 +149,7 @@ def test_commands_to_paste_are_ascii(path: Path) -> None:
 
 
 def readme_curl_session() -> str:
-    section = (ROOT / "README.md").read_text().split("## A session with curl", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "curl.md").read_text().split("# A session with curl", 1)[1]
     ((language, body),) = code_blocks(section)
     assert language == "sh" and body.startswith("URL=http://127.0.0.1:8000/acp\n")
     return body
