@@ -35,6 +35,7 @@ from ._retry import DEFAULT_RETRY_AFTER, RetryAfter, RetryEvent
 
 # What `HttpClient.attachment` is (docs/client.md).
 from ._shared_sessions import Attachment, AttachRole
+from ._token_source import TokenSource
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -64,6 +65,7 @@ __all__ = [
     "SessionEntry",
     "StreamDrop",
     "StreamEndedError",
+    "TokenSource",
     "TransportClosedError",
     "TransportError",
     "TransportTimeoutError",

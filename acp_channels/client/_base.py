@@ -16,6 +16,7 @@ from acp_channels import _protocol as protocol
 from acp_channels._protocol import Batch, Malformed, MalformedEntry, Single
 
 from ._errors import ClientUsageError, HttpStatusError, TransportClosedError, TransportError, status_error
+from ._token_source import BearerCredentials, invalid_token_challenge
 
 __all__ = [
     "FrameValue",
@@ -194,14 +195,19 @@ class TransportBase:
         max_message_size: int,
         *,
         secrets: Iterable[str] = (),
+        credentials: BearerCredentials | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.connection_id: str | None = None
         self._headers = dict(headers or {})
         secrets = tuple(secrets)
         self._secrets = credential_secrets(self._headers, secrets)
+        #: The bearer token, put on each request as it is built (None: `headers` say it all).
+        self._credentials = credentials
         # A token or an Authorization header (a cookie may be only a load balancer's).
-        self._credentials_sent = any(name.lower() == "authorization" for name in self._headers) or any(secrets)
+        self._credentials_sent = (
+            any(name.lower() == "authorization" for name in self._headers) or any(secrets) or credentials is not None
+        )
         self._timeout = timeout
         self._max_message_size = max_message_size
         self._inbox = Inbox()
@@ -252,10 +258,34 @@ class TransportBase:
         raise self._closed_error()
 
     def redact(self, text: str) -> str:
-        """`text` with every credential this transport sends replaced by `***`."""
-        for secret in self._secrets:
+        """`text` with every credential this transport sends replaced by `***` (every token a
+        token source handed out too)."""
+        secrets = self._secrets if self._credentials is None else (*self._credentials.secrets, *self._secrets)
+        for secret in secrets:
             text = text.replace(secret, "***")
         return text
+
+    async def _authorized(
+        self, headers: Mapping[str, str], *, ending: bool = False
+    ) -> tuple[dict[str, str], str | None]:
+        """`headers` with the current bearer token, and that token (None: no credentials of ours).
+        A token source that fails is a `TransportError`. `ending`: for the DELETE that ends the
+        connection, which goes after a failure or a close (the source's calls are bounded anyway)."""
+        if self._credentials is None:
+            return dict(headers), None
+        asked = self._credentials.authorized(headers)
+        return await (asked if ending else self._unless_failed(asked, self._closing))
+
+    async def _token_replaced(
+        self, status: int, challenge: str | None, rejected: str | None, *, ending: bool = False
+    ) -> bool:
+        """A request sent with `rejected` was answered `status`: whether to send it again once
+        with a new token (a 401 whose challenge says `error="invalid_token"`, and the token
+        source has a new token, or already replaced that one)."""
+        if status != 401 or rejected is None or self._credentials is None or not invalid_token_challenge(challenge):
+            return False
+        asked = self._credentials.replaced(rejected)
+        return await (asked if ending else self._unless_failed(asked, self._closing))
 
     def _status_error(self, what: str, status_code: int, body: str, www_authenticate: str | None) -> HttpStatusError:
         """The error for an unexpected status (401/403: `AuthenticationError`), credentials redacted."""
@@ -308,6 +338,8 @@ class TransportBase:
         try:
             await self._shut_down()
         finally:
+            if self._credentials is not None:
+                await self._credentials.aclose()
             self._close_done.set()
 
     async def _shut_down(self) -> None:

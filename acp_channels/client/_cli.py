@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from ._errors import ClientUsageError
 from ._http_client import DEFAULT_TIMEOUT, HttpClient, check_token, resolve_endpoint
 from ._reconnect import DEFAULT_BACKOFF, Backoff
+from ._token_source import TokenSource
 
 __all__ = ["TOKEN_ENVIRONMENT_VARIABLE", "ConnectionOptions", "add_connection_arguments", "connection_options"]
 
@@ -77,7 +78,9 @@ class ConnectionOptions:
     """What the connection arguments say, checked."""
 
     url: str
-    token: str | None
+    token: str | TokenSource | None
+    """A fixed token (--token, $ACP_TOKEN), or a `TokenSource` handed in by the caller, e.g.
+    `dataclasses.replace(options, token=source)`: refreshed when the server refuses or expires it."""
     token_subprotocol: bool
     headers: dict[str, str]
     timeout: float

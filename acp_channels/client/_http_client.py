@@ -12,19 +12,27 @@ context manager for sending and receiving raw JSON-RPC frames (`receive_frame()`
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from ._base import FrameValue, RawFrame, credential_secrets
 from ._directory import SessionDirectory, directory_url, fetch_directory, http_endpoint
-from ._errors import ClientUsageError, NetworkError, TransportError, TransportTimeoutError, status_error
+from ._errors import (
+    AuthenticationError,
+    ClientUsageError,
+    NetworkError,
+    TransportError,
+    TransportTimeoutError,
+    status_error,
+)
 from ._reconnect import DEFAULT_BACKOFF, ReconnectCallback, ReconnectPolicy
 from ._retry import DEFAULT_RETRY_AFTER, RetryAfter, RetryCallback
 from ._shared_sessions import Attachment, AttachRole, attach_headers, with_operation_ids
+from ._token_source import BearerCredentials, TokenSource, check_token, invalid_token_challenge
 from ._transport_http import HttpTransport, _new_http_client
 from ._transport_ws import WebSocketTransport
 
@@ -44,28 +52,8 @@ _SCHEMES: dict[str, Literal["http", "ws"]] = {"http": "http", "https": "http", "
 #: The WebSocket subprotocol a server accepts; a browser offers the token as a second one.
 SUBPROTOCOL: Final = "acp"
 TOKEN_SUBPROTOCOL_PREFIX: Final = "acp.bearer."
-#: RFC 6455 subprotocol names are RFC 2616 tokens: visible ASCII except these separators.
-_SEPARATORS: Final = frozenset('()<>@,;:\\"/[]?={}')
 WebSocketToken: TypeAlias = Literal["header", "subprotocol"]
-
-
-def check_token(token: str, *, subprotocol: bool = False) -> None:
-    """Refuse a token that cannot travel intact: empty, or with a space, a control character or
-    a non-ASCII one (it goes in a header); as a WebSocket subprotocol also any RFC 6455
-    separator. The message gives the position, never the token."""
-    if not isinstance(token, str) or not token:
-        raise ClientUsageError("the token is empty")
-    for position, char in enumerate(token, 1):
-        if not "\x21" <= char <= "\x7e":
-            raise ClientUsageError(
-                f"the token has a space, a control or a non-ASCII character (character {position}); "
-                "a token is printable ASCII without spaces"
-            )
-        if subprotocol and char in _SEPARATORS:
-            raise ClientUsageError(
-                f"the token cannot travel as a WebSocket subprotocol: character {position} is one of "
-                "()<>@,;:\\\"/[]?={} (RFC 6455 allows letters, digits and !#$%&'*+-.^_`|~; base64url fits)"
-            )
+T = TypeVar("T")
 
 
 def shown_url(url: str) -> str:
@@ -95,11 +83,17 @@ class HttpClient:
     Args:
         url: the server; `/acp` is appended unless the path already ends with it.
         token: a bearer token, sent as `Authorization: Bearer <token>` on every request (POST,
-            the GET streams, DELETE) and on the WebSocket upgrade. It never appears in the
-            client's repr or in an error message.
+            the GET streams, DELETE, the session directory) and on the WebSocket upgrade: a
+            string (fixed), or a `TokenSource` whose current token each request reads as it is
+            built. A 401 with `error="invalid_token"` makes the client ask the source for a new
+            one (`refresh`, once for all the requests refused with that token) and send the
+            request once more; so does the server's notice that the token expires (ahead of
+            time, in the background), and a stream or socket the server closed at expiry is
+            resumed with the new token (docs/client.md). Never shown in a repr or an error.
         websocket_token: "header" (default) or "subprotocol": send the token on the WebSocket
-            upgrade as a browser must, offering subprotocols `acp` and `acp.bearer.<token>`
-            (the token must then consist of RFC 6455 token characters, e.g. base64url).
+            upgrade as the old browser form did, offering subprotocols `acp` and
+            `acp.bearer.<token>` (deprecated: servers refuse it unless configured; the token
+            must be a fixed string of RFC 6455 token characters, e.g. base64url).
         headers: sent on every request and on the WebSocket upgrade (an Authorization header
             here instead of `token` works too; not both).
         timeout: seconds for each POST/DELETE answer, for a stream's response headers, and for
@@ -157,7 +151,7 @@ class HttpClient:
         self,
         url: str,
         *,
-        token: str | None = None,
+        token: str | TokenSource | None = None,
         websocket_token: WebSocketToken = "header",
         headers: Mapping[str, str] | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
@@ -187,19 +181,21 @@ class HttpClient:
             raise ClientUsageError('websocket_token is "header" or "subprotocol"')
         if websocket_token == "subprotocol" and (self.kind != "ws" or token is None):
             raise ClientUsageError('websocket_token="subprotocol" needs a token and a ws(s):// URL')
+        credentials: BearerCredentials | None = None
         if token is not None:
-            check_token(token, subprotocol=websocket_token == "subprotocol")
             if any(name.lower() == "authorization" for name in headers):
                 raise ClientUsageError("give a token or an Authorization header, not both")
+            credentials = BearerCredentials(token, timeout=timeout)
             if websocket_token == "subprotocol":
+                # The deprecated form keeps a fixed token: a subprotocol offered once cannot follow a source.
+                if not isinstance(token, str):
+                    raise ClientUsageError('websocket_token="subprotocol" takes a fixed token (a str), not a source')
+                check_token(token, subprotocol=True)
                 subprotocols = [SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREFIX + token]
-            else:
-                headers["Authorization"] = f"Bearer {token}"
-        secrets = (token,) if token is not None else ()
-        # The directory is a plain GET: the token always goes in Authorization there.
+        secrets = (token,) if isinstance(token, str) else ()
+        #: The token on every request (the directory's too: a plain GET always carries it in Authorization).
+        self._credentials = credentials
         self._directory_headers = dict(headers)
-        if token is not None and websocket_token == "subprotocol":
-            self._directory_headers["Authorization"] = f"Bearer {token}"
         self._directory_secrets = credential_secrets(self._directory_headers, secrets)
         self._timeout = timeout
         self._verify = verify
@@ -223,6 +219,7 @@ class HttpClient:
                 http2=http2,
                 verify=verify,
                 attach=attaching,
+                credentials=credentials,
             )
         else:
             if http_client is not None or stream_idle_timeout is not None or http2 is not None:
@@ -240,6 +237,7 @@ class HttpClient:
                 on_reconnect=on_reconnect,
                 verify=verify,
                 attach=attaching,
+                credentials=credentials if websocket_token == "header" else None,
             )
 
     def __repr__(self) -> str:
@@ -315,17 +313,43 @@ class HttpClient:
             return await self._fetch_directory(http)
 
     async def _fetch_directory(self, http: httpx.AsyncClient) -> SessionDirectory:
-        return await fetch_directory(
-            http,
-            directory_url(self.url),
-            headers=self._directory_headers,
-            timeout=self._timeout,
-            redact=self._redact,
-            credentials_sent=any(name.lower() == "authorization" for name in self._directory_headers),
-        )
+        async def fetch(headers: dict[str, str]) -> SessionDirectory:
+            return await fetch_directory(
+                http,
+                directory_url(self.url),
+                headers=headers,
+                timeout=self._timeout,
+                redact=self._redact,
+                credentials_sent=self._credentials_sent,
+            )
+
+        return await self._with_token(fetch)
+
+    async def _with_token(self, request: Callable[[dict[str, str]], Awaitable[T]]) -> T:
+        """`request(headers)` with the current token; once more with a new one when it raised a
+        401 `error="invalid_token"` and the token source has one."""
+        credentials = self._credentials
+        if credentials is None:
+            return await request(dict(self._directory_headers))
+        headers, token = await credentials.authorized(self._directory_headers)
+        try:
+            return await request(headers)
+        except AuthenticationError as refused:
+            challenge = refused.www_authenticate
+            if refused.status_code != 401 or not invalid_token_challenge(challenge):
+                raise
+            if not await credentials.replaced(token):
+                raise
+        headers, _ = await credentials.authorized(self._directory_headers)
+        return await request(headers)
+
+    @property
+    def _credentials_sent(self) -> bool:
+        return self._credentials is not None or any(name.lower() == "authorization" for name in self._directory_headers)
 
     def _redact(self, text: str) -> str:
-        for secret in self._directory_secrets:
+        secrets = self._directory_secrets if self._credentials is None else self._credentials.secrets
+        for secret in (*secrets, *self._directory_secrets):
             text = text.replace(secret, "***")
         return text
 
@@ -390,20 +414,26 @@ class HttpClient:
 
     async def _delete_connection(self, http: httpx.AsyncClient, connection_id: str) -> None:
         what = "DELETE (terminate)"
-        headers = {**self._directory_headers, "Acp-Connection-Id": connection_id}
-        try:
-            response = await http.request("DELETE", http_endpoint(self.url), headers=headers, timeout=self._timeout)
-        except httpx.TimeoutException as exc:
-            raise TransportTimeoutError(f"{what}: no answer within {self._timeout}s") from exc
-        except httpx.HTTPError as exc:
-            raise NetworkError(self._redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
-        if not (200 <= response.status_code < 300 or response.status_code == 404):  # 404: it had ended
-            raise status_error(
-                what,
-                response.status_code,
-                self._redact(response.text[:2000]),
-                credentials_sent=any(name.lower() == "authorization" for name in self._directory_headers),
-            )
+
+        async def delete(headers: dict[str, str]) -> None:
+            headers["Acp-Connection-Id"] = connection_id
+            try:
+                response = await http.request("DELETE", http_endpoint(self.url), headers=headers, timeout=self._timeout)
+            except httpx.TimeoutException as exc:
+                raise TransportTimeoutError(f"{what}: no answer within {self._timeout}s") from exc
+            except httpx.HTTPError as exc:
+                raise NetworkError(self._redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
+            if not (200 <= response.status_code < 300 or response.status_code == 404):  # 404: it had ended
+                challenge = response.headers.get("www-authenticate")
+                raise status_error(
+                    what,
+                    response.status_code,
+                    self._redact(response.text[:2000]),
+                    www_authenticate=self._redact(challenge) if challenge is not None else None,
+                    credentials_sent=self._credentials_sent,
+                )
+
+        await self._with_token(delete)
 
     async def __aenter__(self) -> HttpClient:
         await self.connect()

@@ -122,13 +122,23 @@ class HttpRequests(ReconnectingTransport):
         A 503 or 429 with Retry-After is sent again after the delay while the retry policy allows."""
         refused_at: float | None = None
         attempt = 0
+        token_retried = False
         while True:
-            response = await self._exchange_once(method, what, headers, content, lost)
-            if response is None:
+            answered = await self._exchange_once(method, what, headers, content, lost)
+            if answered is None:
                 continue  # its answer was lost: the same request again
+            response, token = answered
             if lost is not None and lost.attempts:
                 lost.attempts = 0
                 self._tell(ReconnectEvent("resumed", what))
+            if not token_retried and await self._token_replaced(
+                response.status_code, response.headers.get("www-authenticate"), token
+            ):
+                # A 401 comes before anything else on the server: the request was not taken,
+                # and goes once more with the new token (a POST is not run twice).
+                token_retried = True
+                logger.info("%s: HTTP 401 invalid_token; sending it again with the refreshed token", what)
+                continue
             delay, refused_at = self._busy_delay(what, response, response.text, attempt, refused_at)
             if delay is None:
                 return response
@@ -137,10 +147,14 @@ class HttpRequests(ReconnectingTransport):
 
     async def _exchange_once(
         self, method: str, what: str, headers: dict[str, str], content: bytes | None, lost: _LostAnswers | None = None
-    ) -> httpx.Response | None:
-        """The response; None when its answer was lost and the request is to be sent again (after
-        the policy's delay, waited here)."""
-        request = self.http.request(method, self.endpoint, headers=headers, content=content, timeout=self._timeout)
+    ) -> tuple[httpx.Response, str | None] | None:
+        """The response and the token it was sent with; None when its answer was lost and the
+        request is to be sent again (after the policy's delay, waited here)."""
+        try:
+            sent_headers, token = await self._authorized(headers)
+        except TransportError as exc:
+            raise self._fail(exc) from exc
+        request = self.http.request(method, self.endpoint, headers=sent_headers, content=content, timeout=self._timeout)
         error: TransportError
         try:
             response = await self._unless_failed(request)
@@ -152,7 +166,7 @@ class HttpRequests(ReconnectingTransport):
             cause = exc
         else:
             self.http_version = response.http_version
-            return response
+            return response, token
         if lost is not None:
             if (delay := self._resend_delay(lost, error)) is not None:
                 if delay > 0:
@@ -208,8 +222,12 @@ class HttpRequests(ReconnectingTransport):
         headers = {**self._headers, "Acp-Connection-Id": connection_id}
         self.deletes_sent += 1
         try:
-            response = await self.http.request("DELETE", self.endpoint, headers=headers, timeout=self._timeout)
-        except httpx.HTTPError as exc:
-            logger.info("DELETE of connection %s failed: %s", connection_id, exc)
-        else:
-            logger.debug("DELETE of connection %s: HTTP %d", connection_id, response.status_code)
+            for attempt in range(2):  # once more after a refused token was replaced
+                sent_headers, token = await self._authorized(headers, ending=True)
+                response = await self.http.request("DELETE", self.endpoint, headers=sent_headers, timeout=self._timeout)
+                logger.debug("DELETE of connection %s: HTTP %d", connection_id, response.status_code)
+                challenge = response.headers.get("www-authenticate")
+                if attempt or not await self._token_replaced(response.status_code, challenge, token, ending=True):
+                    return
+        except (httpx.HTTPError, TransportError) as exc:
+            logger.info("DELETE of connection %s failed: %s", connection_id, self.redact(str(exc)))

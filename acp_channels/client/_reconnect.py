@@ -24,6 +24,7 @@ from ._base import FrameValue, TransportBase
 from ._errors import TransportError, TransportTimeoutError
 from ._session_ledger import SessionLedger, intercepted, restart_error
 from ._shared_sessions import ATTACH_SESSION_HEADER, Attachment
+from ._token_source import BearerCredentials, auth_expiring_notice
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -175,8 +176,9 @@ class ReconnectingTransport(TransportBase):
         restart: bool,
         on_reconnect: ReconnectCallback | None,
         attach: Mapping[str, str] | None = None,
+        credentials: BearerCredentials | None = None,
     ) -> None:
-        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets)
+        super().__init__(endpoint, headers, timeout, max_message_size, secrets=secrets, credentials=credentials)
         #: The headers of the initialize POST or first upgrade that attach to a session (or none).
         self._attach_headers = dict(attach or {})
         #: `detach()`: the connection goes without being ended (no DELETE; a socket's 1001).
@@ -246,7 +248,13 @@ class ReconnectingTransport(TransportBase):
         self._fail(error)
 
     def _intercepted(self, value: FrameValue) -> bool:
-        """Whether a received frame is a restart's own (see `intercepted`), not the caller's."""
+        """Whether a received frame is the transport's, not the caller's: a restart's own (see
+        `intercepted`), or the server's notice that the token expires soon (a refresh starts)."""
+        if auth_expiring_notice(value):
+            assert isinstance(value, dict)
+            if self._credentials is not None:
+                self._credentials.refresh_ahead(value.get("params"))
+            return True
         return intercepted(value, self._private_replies, self._loading)
 
     async def _restart_in_place(self, what: str, previous: str | None) -> ReconnectEvent:

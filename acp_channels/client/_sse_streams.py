@@ -211,8 +211,10 @@ class SseStreams(HttpRequests):
         timeout = httpx.Timeout(self._timeout, read=self._stream_idle_timeout)
         refused_at: float | None = None
         attempt = 0
+        token_retried = False
         while True:
-            request = self.http.build_request("GET", self.endpoint, headers=headers, timeout=timeout)
+            sent_headers, token = await self._authorized(headers)  # every open and resume: the current token
+            request = self.http.build_request("GET", self.endpoint, headers=sent_headers, timeout=timeout)
             try:
                 async with asyncio.timeout(self._timeout):  # for the response headers only
                     response = await self.http.send(request, stream=True)
@@ -228,6 +230,11 @@ class SseStreams(HttpRequests):
                         body = (await response.aread()).decode(errors="replace")
                 except (TimeoutError, httpx.HTTPError):
                     body = ""
+                challenge = response.headers.get("www-authenticate")
+                if not token_retried and await self._token_replaced(response.status_code, challenge, token):
+                    token_retried = True
+                    logger.info("%s: HTTP 401 invalid_token; opening it again with the refreshed token", what)
+                    continue
                 delay, refused_at = self._busy_delay(what, response, body, attempt, refused_at)
                 if delay is None:
                     raise self._response_error(what, response, body)

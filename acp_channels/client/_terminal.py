@@ -48,6 +48,7 @@ from ._terminal_input import Input, LineReader, PlainInput, TerminalInput, open_
 from ._terminal_link import Linker
 from ._terminal_output import Screen, describe_error, describe_request_error, refusal_hint
 from ._terminal_shell import COMMANDS, EXIT_CONNECTION_FAILED, EXIT_INTERRUPTED, EXIT_TURN_NOT_DONE, Shell
+from ._token_source import TokenSource
 
 __all__ = ["COMMANDS", "EXIT_CONNECTION_FAILED", "EXIT_INTERRUPTED", "EXIT_TURN_NOT_DONE", "run"]
 
@@ -64,7 +65,7 @@ async def run(
     *,
     cwd: str | None = None,
     headers: Mapping[str, str] | None = None,
-    token: str | None = None,
+    token: str | TokenSource | None = None,
     token_subprotocol: bool = False,
     timeout: float | None = 30.0,
     permissions: PermissionMode = "ask",

@@ -26,6 +26,7 @@ from ._reconnect import ReconnectEvent, ReconnectPolicy
 from ._shared_sessions import Attachment, AttachRole
 from ._terminal_client import TerminalClient
 from ._terminal_output import ReconnectNotices, Screen
+from ._token_source import TokenSource
 
 __all__ = ["Link", "Linker", "connection_gone"]
 
@@ -93,7 +94,7 @@ class Linker:
         screen: Screen,
         cwd: str,
         headers: Mapping[str, str] | None,
-        token: str | None,
+        token: str | TokenSource | None,
         token_subprotocol: bool,
         timeout: float | None,
         reconnect: ReconnectPolicy | None,

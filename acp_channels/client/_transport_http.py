@@ -57,6 +57,7 @@ from ._reconnect import ReconnectCallback, ReconnectPolicy, StreamDrop, gone_det
 from ._retry import RetryAfter, RetryCallback
 from ._sse_streams import SseStreams
 from ._tls import h2_available, tls_context
+from ._token_source import BearerCredentials
 
 __all__ = ["HttpTransport", "ReconnectPolicy", "StreamDrop"]
 
@@ -123,6 +124,7 @@ class HttpTransport(SseStreams):
         http2: bool | None = None,
         verify: ssl.SSLContext | str | bool = True,
         attach: Mapping[str, str] | None = None,
+        credentials: BearerCredentials | None = None,
     ) -> None:
         super().__init__(
             endpoint,
@@ -134,6 +136,7 @@ class HttpTransport(SseStreams):
             restart=restart,
             on_reconnect=on_reconnect,
             attach=attach,
+            credentials=credentials,
         )
         self._retry_after = retry_after
         self._on_retry = on_retry

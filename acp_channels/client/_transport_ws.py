@@ -48,6 +48,7 @@ from ._errors import (
 from ._reconnect import ReconnectCallback, ReconnectEvent, ReconnectPolicy, StreamDrop, gone_detail
 from ._resend_window import ResendWindow
 from ._tls import tls_context
+from ._token_source import BearerCredentials
 from ._ws_upgrade import UpgradeRefused, WebSocketUpgrade
 
 __all__ = ["RESEND_WINDOW_BYTES", "RESEND_WINDOW_MESSAGES", "WebSocketTransport"]
@@ -61,6 +62,9 @@ LAST_EVENT_ID: Final = "Last-Event-ID"
 RECEIVED_HEADER: Final = "Acp-Received"
 #: Close codes a proxy or a restarting worker sends while the connection lives on.
 _RESUMABLE_CLOSE_CODES: Final = frozenset({1001, 1012})
+#: Close codes of a server that ends a socket because its credential expired, the connection
+#: living on for a socket with a new token (docs/authentication.md).
+EXPIRED_CLOSE_CODES: Final = frozenset({4401})
 #: Upgrade statuses worth another try (a busy or restarting server or balancer).
 _RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 WHAT: Final = "WebSocket"
@@ -90,6 +94,7 @@ class WebSocketTransport(WebSocketUpgrade):
         on_reconnect: ReconnectCallback | None = None,
         verify: ssl.SSLContext | str | bool = True,
         attach: Mapping[str, str] | None = None,
+        credentials: BearerCredentials | None = None,
     ) -> None:
         super().__init__(
             endpoint,
@@ -101,6 +106,7 @@ class WebSocketTransport(WebSocketUpgrade):
             restart=restart,
             on_reconnect=on_reconnect,
             attach=attach,
+            credentials=credentials,
         )
         self._ssl = tls_context(verify) if endpoint.startswith("wss:") and verify is not True else None
         self._ping_interval = ping_interval
@@ -217,7 +223,10 @@ class WebSocketTransport(WebSocketUpgrade):
         self._attached.clear()
         self._socket = None
         error = self._closed_by_peer(exc)
-        resumable = exc.rcvd is None or exc.rcvd.code in _RESUMABLE_CLOSE_CODES
+        # The server closes a socket whose credential expired; with a token source that can
+        # refresh, the connection is reattached with a new token.
+        expired = exc.rcvd is not None and exc.rcvd.code in EXPIRED_CLOSE_CODES and self._refreshable
+        resumable = exc.rcvd is None or exc.rcvd.code in _RESUMABLE_CLOSE_CODES or expired
         if (
             not resumable
             or self._ledger.terminated  # the attached session's connection ended: nothing to resume
@@ -228,14 +237,28 @@ class WebSocketTransport(WebSocketUpgrade):
         ):
             self._fail(error)
             return
-        self._reattach_task = asyncio.create_task(self._reattach(error), name="acp-client websocket reattach")
+        self._reattach_task = asyncio.create_task(
+            self._reattach(error, expired_token=self.socket_token if expired else None),
+            name="acp-client websocket reattach",
+        )
 
-    async def _reattach(self, error: TransportError) -> None:
+    @property
+    def _refreshable(self) -> bool:
+        return self._credentials is not None and self._credentials.refreshable
+
+    async def _reattach(self, error: TransportError, *, expired_token: str | None = None) -> None:
+        """Reattach until the policy gives up. `expired_token`: the socket was closed because
+        its token expired: a new one first (the refresh ahead of time may have brought it)."""
         assert self._reconnect is not None
         loop = asyncio.get_running_loop()
         dropped_at = loop.time()
         attempt = 0
+        # One new token per outage: a reattach refused with the new one too is refused.
+        renewed = expired_token is not None
         try:
+            if expired_token is not None and not await self._token_renewed(expired_token):
+                self._give_up(WHAT, error)
+                return
             while not self.closed:
                 attempt += 1
                 elapsed = loop.time() - dropped_at
@@ -254,6 +277,12 @@ class WebSocketTransport(WebSocketUpgrade):
                     error = NetworkError("WebSocket reattach: the new socket closed during the resend")
                 except UpgradeRefused as refused:
                     error = refused.error
+                    if refused.by_close and error.status_code == 401 and not renewed and self._refreshable:
+                        # Refused by a close after the upgrade (no challenge there; an HTTP 401
+                        # was retried by _open): once more with a new token.
+                        renewed = True
+                        if self._offered_token is not None and await self._token_renewed(self._offered_token):
+                            continue
                     if error.status_code == 404 and self._restart:
                         await self._restart_connection()
                         return
@@ -298,6 +327,15 @@ class WebSocketTransport(WebSocketUpgrade):
             self._attach(socket)
         logger.debug("WebSocket reattached: %d received, %d of ours sent again", got, self._sent.sent_count - got)
         return True
+
+    async def _token_renewed(self, expired: str) -> bool:
+        """The token source replaced `expired` (now, or already ahead of time)."""
+        assert self._credentials is not None
+        try:
+            return await self._unless_failed(self._credentials.replaced(expired), self._closing)
+        except TransportError as exc:
+            logger.info("%s", exc)
+            return False
 
     # ----------------------------------------------------------------------------- restart
 

@@ -5,6 +5,7 @@ the cookies set; any other status as an `UpgradeRefused`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from collections.abc import Mapping
 from typing import Any, Final
@@ -17,8 +18,10 @@ from websockets.typing import Subprotocol
 from acp_channels import _protocol as protocol
 from acp_channels._protocol import CONNECTION_HEADER
 
-from ._errors import HttpStatusError, NetworkError, TransportTimeoutError
+from ._errors import AuthenticationError, HttpStatusError, NetworkError, TransportTimeoutError
 from ._reconnect import ReconnectingTransport
+
+logger = logging.getLogger("acp_channels.client")
 
 __all__ = ["REFUSAL_CLOSE_BASE", "UpgradeRefused", "WebSocketUpgrade"]
 
@@ -30,8 +33,10 @@ REFUSAL_CLOSE_BASE: Final = 4000
 class UpgradeRefused(Exception):
     """An upgrade answered with a status instead of 101."""
 
-    def __init__(self, error: HttpStatusError) -> None:
+    def __init__(self, error: HttpStatusError, *, by_close: bool = False) -> None:
         self.error = error
+        #: Told by a close after the upgrade (4000 + the status), not by an HTTP answer.
+        self.by_close = by_close
 
 
 class WebSocketUpgrade(ReconnectingTransport):
@@ -44,11 +49,28 @@ class WebSocketUpgrade(ReconnectingTransport):
     #: The subprotocol the server chose (None: it chose none).
     subprotocol: str | None
     cookies: httpx.Cookies
+    #: The bearer token of the last upgrade sent, and of the last one accepted (None: no
+    #: credentials of ours): the one a close for expiry refuses.
+    _offered_token: str | None = None
+    socket_token: str | None = None
 
     async def _open(self, extra_headers: Mapping[str, str], what: str = "WebSocket upgrade") -> ClientConnection:
-        """A new socket; raises `UpgradeRefused` for a non-101 status, a `TransportError` otherwise.
-        Records the connection id and cookies of the 101."""
-        headers = {**self._headers, **extra_headers}
+        """A new socket, with the current token; raises `UpgradeRefused` for a non-101 status, a
+        `TransportError` otherwise. An upgrade refused with 401 `error="invalid_token"` is made
+        once more when the token source has a new token. Records the connection id and cookies
+        of the 101, and the token the socket was opened with (`socket_token`)."""
+        try:
+            return await self._open_once(extra_headers, what)
+        except UpgradeRefused as refused:
+            error = refused.error
+            challenge = error.www_authenticate if isinstance(error, AuthenticationError) else None
+            if not await self._token_replaced(error.status_code, challenge, self._offered_token):
+                raise
+            logger.info("%s: HTTP 401 invalid_token; upgrading again with the refreshed token", what)
+        return await self._open_once(extra_headers, what)
+
+    async def _open_once(self, extra_headers: Mapping[str, str], what: str) -> ClientConnection:
+        headers, self._offered_token = await self._authorized({**self._headers, **extra_headers})
         cookie_header = "; ".join(f"{name}={value}" for name, value in self.cookies.items())
         if cookie_header and not any(name.lower() == "cookie" for name in headers):
             headers["Cookie"] = cookie_header
@@ -74,6 +96,7 @@ class WebSocketUpgrade(ReconnectingTransport):
         except (OSError, InvalidHandshake, InvalidURI) as exc:
             raise NetworkError(self.redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
         self.subprotocol = socket.subprotocol
+        self.socket_token = self._offered_token
         response = socket.response
         if response is not None:
             self.connection_id = protocol.header_value(response.headers.get_all(CONNECTION_HEADER)) or None
@@ -100,7 +123,7 @@ class WebSocketUpgrade(ReconnectingTransport):
                 assert closed.rcvd is not None
                 status = code - REFUSAL_CLOSE_BASE
                 error = self._status_error("WebSocket reattach", status, closed.rcvd.reason, None)
-                raise UpgradeRefused(error) from closed
+                raise UpgradeRefused(error, by_close=True) from closed
         except TimeoutError:
             pass
         await socket.close()
