@@ -55,7 +55,7 @@ async def items(client: HttpClient, count: int) -> list[int]:
 async def opened(url: str, source: TokenSource, **options: Any) -> HttpClient:
     client = HttpClient(url, token=source, timeout=5.0, reconnect=FAST, **options)
     await within(client.send(INIT))
-    assert "result" in (await within(client.receive()))  # type: ignore[operator]
+    assert "result" in (await within(client.receive()))
     return client
 
 
@@ -81,7 +81,7 @@ async def test_a_post_refused_as_invalid_token_goes_once_more_with_a_new_token(f
     client = await opened(fake.url, source)
     server.expire("tok-1", successor="tok-2")  # the connection stream ends too: it resumes
     await within(client.send(rpc(1, "session/new", {"cwd": "/", "mcpServers": []})))
-    assert (await within(client.receive()))["result"] == {"sessionId": "s1"}  # type: ignore[index]
+    assert (await within(client.receive()))["result"] == {"sessionId": "s1"}
 
     assert source.refreshed == ["tok-1"]
     refused = [entry for entry in server.refusals() if entry[0] == "POST"]
@@ -104,7 +104,7 @@ async def test_refusals_that_meet_share_one_refresh(fake: FakeAcp) -> None:
     source = Minting()
     client = await opened(fake.url, source)
     await within(client.send(rpc(1, "session/new", {"cwd": "/", "mcpServers": []})))
-    assert (await within(client.receive()))["result"] == {"sessionId": "s1"}  # type: ignore[index]
+    assert (await within(client.receive()))["result"] == {"sessionId": "s1"}
     await fake.wait_for(lambda: any(entry[2] == "s1" for entry in server.seen))
     server.push("s1", item(0))
     assert await items(client, 1) == [0]
@@ -289,7 +289,7 @@ async def test_a_websocket_upgrade_refused_as_invalid_token_is_made_once_more() 
         source = Minting()
         client = HttpClient(server.url, token=source, timeout=5.0)
         await within(client.send(INIT))
-        assert "result" in (await within(client.receive()))  # type: ignore[operator]
+        assert "result" in (await within(client.receive()))
         assert server.upgrade_tokens == [("tok-1", 401), ("tok-2", 101)]
         await within(client.close())
 

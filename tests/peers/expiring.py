@@ -138,6 +138,10 @@ class ExpiringWs(ResumableWs):
         #: (token, status) of every upgrade, in order.
         self.upgrade_tokens: list[tuple[str | None, int]] = []
 
+    async def __aenter__(self) -> ExpiringWs:
+        await super().__aenter__()
+        return self
+
     def _process_request(self, connection: ServerConnection, request: WsRequest) -> WsResponse | None:
         authorization = request.headers.get("Authorization", "")
         token = authorization.removeprefix("Bearer ") if authorization.startswith("Bearer ") else None
