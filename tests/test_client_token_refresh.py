@@ -53,7 +53,7 @@ async def items(client: HttpClient, count: int) -> list[int]:
 
 
 async def opened(url: str, source: TokenSource, **options: Any) -> HttpClient:
-    client = HttpClient(url, token=source, timeout=5.0, reconnect=FAST, **options)
+    client = HttpClient(url, **{"token": source, "timeout": 5.0, "reconnect": FAST, **options})
     await within(client.send(INIT))
     assert "result" in (await within(client.receive()))
     return client
@@ -124,10 +124,25 @@ async def test_refusals_that_meet_share_one_refresh(fake: FakeAcp) -> None:
     await within(client.close())
 
 
-async def test_a_source_without_a_new_token_leaves_the_401(fake: FakeAcp) -> None:
+class Failing(Minting):
+    """A source whose refresh raises, or never answers."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    async def refresh(self, rejected: str) -> str | None:
+        self.refreshed.append(rejected)
+        if self.how == "hangs":
+            await asyncio.Event().wait()
+        raise RuntimeError(f"the authorization server refused {rejected}")
+
+
+@pytest.mark.parametrize("how", ["none", "raises", "hangs"])
+async def test_a_source_without_a_new_token_leaves_the_401(fake: FakeAcp, how: str) -> None:
     server = ExpiringSse(fake)
-    source = Minting(last=1)  # no token after tok-1
-    client = await opened(fake.url, source)
+    source = Minting(last=1) if how == "none" else Failing(how)  # no token after tok-1
+    client = await opened(fake.url, source, timeout=1.0)
     server.valid.clear()
     with pytest.raises(AuthenticationError) as refused:
         await within(client.send(rpc(1, "session/new", {"cwd": "/", "mcpServers": []})))

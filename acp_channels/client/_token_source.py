@@ -178,8 +178,7 @@ class BearerCredentials:
             current = self._latest
             if current is None:
                 return
-            with contextlib.suppress(TransportError):  # a later refusal asks again
-                await self._refresh(current, "expiring")
+            await self._refresh(current, "expiring")  # when it has none, a refusal asks again
 
     async def aclose(self) -> None:
         """Stop a refresh under way in the background."""
@@ -193,13 +192,13 @@ class BearerCredentials:
         assert self._source is not None
         try:
             new = await self._bounded(self._source.refresh(rejected), "refresh()")
-        except TransportError as exc:
+            if new is None:
+                logger.info("the token source has no new token (the %s token stays refused)", why)
+                return False
+            self._check(new, "refresh()")
+        except TransportError as exc:  # the refusal stands
             logger.warning("%s", exc)
             return False
-        if new is None:
-            logger.info("the token source has no new token (the %s token stays refused)", why)
-            return False
-        self._check(new, "refresh()")
         if new == rejected:
             logger.info("the token source gave the %s token again: nothing to retry with", why)
             return False
