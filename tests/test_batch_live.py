@@ -3,7 +3,7 @@
 - A batch over MAX_BATCH_ENTRIES (1000 by default) is refused whole by the transport: a -32600
   with `id: null` where the answer to a malformed frame goes (the connection stream, the socket,
   or the body of a would-be initialize), and the agent receives none of it.
-- A batch the limit allows is processed in slices: while one client's 200,000-entry batch is
+- A batch the limit allows is processed in slices: while one client's 50,000-entry batch is
   being processed, other clients still get answers (latency as a ratio of the batch's own
   processing time, measured in the same test).
 """
@@ -25,7 +25,7 @@ from tests.cluster import Cluster
 from tests.live import DaphneServer, SseReader, initialize, notification, open_sse, post, rpc
 
 DEFAULT_LIMIT = 1000
-BIG_BATCH = 200_000
+BIG_BATCH = 50_000
 TIMEOUT = 20.0
 INIT = rpc(0, "initialize", {"protocolVersion": 1})  # what tests.live.initialize sends
 
@@ -127,7 +127,7 @@ async def test_the_demo_agent_keeps_working_after_a_refused_batch(
 
 @pytest.fixture(scope="module")
 def big_batch_server() -> Iterator[DaphneServer]:
-    """The demo agent with room for one 200,000-request batch (its pending requests and its
+    """The demo agent with room for one 50,000-request batch (its pending requests and its
     grouped reply included)."""
     server = DaphneServer(
         env={
