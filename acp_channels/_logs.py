@@ -16,11 +16,16 @@ line for it, so each refused request costs one line.
 What a client can repeat at will and an operator should still hear of (a disallowed Host, which
 Django's security logger reports) goes through `RateLimited`: one WARNING per interval and kind,
 the repeats at INFO, the next WARNING saying how many there were.
+
+No credential in a log line, ours or a library's the site runs for us: at DEBUG, oauthlib and
+django-oauth-toolkit write the authorization codes they issue (the grant, the redirect URL);
+`RedactCredentials` on those loggers replaces the values with `[redacted]`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import weakref
@@ -57,11 +62,36 @@ class ClientRefusals(logging.Filter):
         return True
 
 
+#: The loggers that write credentials at DEBUG (tests/test_auth_recipes.py finds them): oauthlib's
+#: "Created authorization code grant {'code': ...}" and "Saving grant ...", django-oauth-toolkit's
+#: "Success url for the request: ...?code=...".
+CREDENTIAL_LOGGERS: Final = ("oauthlib.oauth2.rfc6749.grant_types.authorization_code", "oauth2_provider")
+#: A credential's value after its name: `'code': 'value'` (a dict's repr) or `code=value` (a URL).
+_CREDENTIAL: Final = re.compile(
+    r"""(?P<name>\b(?:code|access_token|refresh_token|id_token|code_verifier|client_secret|password)['"]?(?:: |=))"""
+    r"""(?P<quote>['"]?)[^'"&\s,}]+"""
+)
+
+
+class RedactCredentials(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _CREDENTIAL.sub(r"\g<name>\g<quote>[redacted]", message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
 def install() -> None:
-    """Add the filter to `django.request` (once)."""
-    logger = logging.getLogger("django.request")
-    if not any(isinstance(existing, ClientRefusals) for existing in logger.filters):
-        logger.addFilter(ClientRefusals())
+    """ClientRefusals on `django.request`, RedactCredentials on CREDENTIAL_LOGGERS (once each)."""
+    _add_once(logging.getLogger("django.request"), ClientRefusals)
+    for name in CREDENTIAL_LOGGERS:
+        _add_once(logging.getLogger(name), RedactCredentials)
+
+
+def _add_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:
+    if not any(isinstance(existing, kind) for existing in logger.filters):
+        logger.addFilter(kind())
 
 
 #: Seconds between two WARNINGs of one kind.

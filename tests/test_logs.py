@@ -1,5 +1,6 @@
 """acp_channels._logs in process: the rate limit of WARNINGs a client can cause (a clock we
-move), and Django's request line dropped for a refusal we logged ourselves."""
+move), Django's request line dropped for a refusal we logged ourselves, and the authorization
+codes oauthlib and django-oauth-toolkit log at DEBUG redacted."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from django.utils.log import log_response
 
-from acp_channels._logs import ClientRefusals, RateLimited, logged_already
+from acp_channels._logs import CREDENTIAL_LOGGERS, ClientRefusals, RateLimited, logged_already
 
 
 class Clock:
@@ -65,3 +66,21 @@ def test_a_refusal_we_logged_is_not_logged_again_by_django(caplog: pytest.LogCap
     finally:
         logger.removeFilter(refusals)
     assert records(caplog, "django.request") == [("WARNING", "Forbidden: /acp")]  # other's; not resolved: as is
+
+
+def test_the_oauth_libraries_debug_lines_show_no_authorization_code(caplog: pytest.LogCaptureFixture) -> None:
+    """Their lines as oauthlib and django-oauth-toolkit write them (the app installed the filter
+    on those loggers): the code's value is redacted, the rest of the line stays."""
+    grant_logger, dot_logger = CREDENTIAL_LOGGERS
+    for name in CREDENTIAL_LOGGERS:
+        caplog.set_level(logging.DEBUG, logger=name)
+    grant = {"code": "Kx9tQz3mL0aPq7", "state": "s1"}
+    logging.getLogger(grant_logger).debug("Created authorization code grant %r for request %r.", grant, "R")
+    success = "http://127.0.0.1:5/callback?code=Kx9tQz3mL0aPq7&state=s1"
+    logging.getLogger(dot_logger).debug(f"Success url for the request: {success}")
+    logging.getLogger(dot_logger).debug("grant_type=authorization_code&code=Kx9tQz3mL0aPq7&code_verifier=v3r1f13r")
+    assert [message for _, message in records(caplog, grant_logger) + records(caplog, dot_logger)] == [
+        "Created authorization code grant {'code': '[redacted]', 'state': 's1'} for request 'R'.",
+        "Success url for the request: http://127.0.0.1:5/callback?code=[redacted]&state=s1",
+        "grant_type=authorization_code&code=[redacted]&code_verifier=[redacted]",
+    ]
