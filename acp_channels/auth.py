@@ -30,7 +30,9 @@ from django.utils.module_loading import import_string
 from acp_channels._conf import acp_settings
 from acp_channels._identity import ANONYMOUS, Principal, TransportKind
 from acp_channels.errors import (
+    AUTHENTICATION_REQUIRED,
     DEFAULT_CHALLENGE,
+    SESSION_CHALLENGE,
 )
 from acp_channels.errors import (
     Refused as Refused,  # re-exported: authenticators raise it from here
@@ -191,10 +193,11 @@ def cross_site_refusal(context: RequestContext) -> Refused | None:
 
 async def django_user(context: RequestContext) -> Principal:
     """The logged-in Django user (session cookie: AuthenticationMiddleware over HTTP, channels'
-    AuthMiddlewareStack over WebSocket), with REQUIRED_PERMISSION if set."""
+    AuthMiddlewareStack over WebSocket), with REQUIRED_PERMISSION if set. Without one: 401 with
+    the `Cookie` challenge (SESSION_CHALLENGE: log in on the site; a token would not do)."""
     user = await context.user()
     if user is None or not getattr(user, "is_authenticated", False):
-        raise Refused.unauthenticated()
+        raise Refused(401, AUTHENTICATION_REQUIRED, SESSION_CHALLENGE)
     return await user_principal(user)
 
 

@@ -204,6 +204,9 @@ class QuotaExceeded(AcpError):
 
 #: The challenge a 401 carries when the authenticator names none.
 DEFAULT_CHALLENGE: Final = 'Bearer realm="acp"'
+#: The challenge of a 401 where the site signs users in on its pages and a session cookie is the
+#: credential (`django_user`): no token would do, and a client can say so (log in on the site).
+SESSION_CHALLENGE: Final = 'Cookie realm="acp"'
 AUTHENTICATION_REQUIRED: Final = "authentication required"
 INVALID_TOKEN: Final = "invalid or expired token"
 PERMISSION_REQUIRED: Final = "not allowed to use this agent"

@@ -222,7 +222,8 @@ async def test_django_user_needs_a_logged_in_user(settings: Any) -> None:
     for context in (ws_context(), ws_context(user=FakeUser(1, "x", is_authenticated=False))):
         with pytest.raises(Refused) as refused:
             await authenticate(context)
-        assert refused.value.status == 401
+        # Not a Bearer challenge: no token would do (clients say "log in on the site").
+        assert (refused.value.status, refused.value.challenge) == (401, 'Cookie realm="acp"')
 
 
 # -- bound to the principal: here and on the host's worker -----------------------------------------
