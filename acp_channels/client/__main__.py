@@ -2,6 +2,7 @@
 `acp-client URL --list [--json]`: the principal's live sessions (the session directory).
 `acp-client URL --attach SESSION_ID [--role observer]`: another client of a live session;
 `acp-client URL --session SESSION_ID -p PROMPT`: one turn on it.
+`acp-client login URL` / `acp-client logout URL`: sign in with OAuth, or forget it (_login_cli).
 
 Exit status: 0 after /quit or Ctrl-D, 1 when the connection failed or was lost, 2 for a usage
 error (bad arguments, URL or credentials: nothing was sent), 130 when interrupted while connecting.
@@ -24,6 +25,9 @@ from acp_channels import __version__
 from ._cli import TOKEN_ENVIRONMENT_VARIABLE, ConnectionOptions, add_connection_arguments, connection_options
 from ._directory import sessions_table
 from ._errors import AcpClientError, ClientUsageError
+
+#: The first words that are commands rather than a URL (`acp-client login URL`).
+LOGIN_COMMANDS = ("login", "logout")
 
 __all__ = ["EXIT_USAGE", "TOKEN_ENVIRONMENT_VARIABLE", "main"]
 
@@ -52,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
         "'/acp' is appended to the URL unless it already ends with it.",
         epilog="Credentials: the token is read from the ACP_TOKEN environment variable (preferred: "
         "a command line is visible to other local users) or --token, and sent as "
-        "'Authorization: Bearer <token>'. "
+        "'Authorization: Bearer <token>'; without either, the sign-in stored by 'acp-client login URL' "
+        "(OAuth; 'acp-client login --help'), if any. "
         "In the session: type a prompt and press Enter; Ctrl-C cancels the running turn "
         "(at the prompt, twice quits); /quit or Ctrl-D exits and closes the connection; /help lists the "
         "commands. --list prints the live sessions instead (the server's session directory) and exits; "
@@ -127,7 +132,12 @@ async def list_sessions(options: ConnectionOptions, *, as_json: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments and arguments[0] in LOGIN_COMMANDS:  # never a URL: a URL has a scheme
+        from ._login_cli import main as login_main
+
+        return login_main(arguments)
+    args = parser().parse_args(arguments)
     try:
         if args.json and not args.list:
             raise ClientUsageError("--json goes with --list")

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from ._errors import ClientUsageError
 from ._http_client import DEFAULT_TIMEOUT, HttpClient, check_token, resolve_endpoint
+from ._oauth_login import StoredLogin
 from ._reconnect import DEFAULT_BACKOFF, Backoff
 from ._token_source import TokenSource
 
@@ -114,7 +115,8 @@ def _is_loopback(host: str) -> bool:
 
 def connection_options(args: argparse.Namespace) -> ConnectionOptions:
     """Check the parsed connection arguments; raises `ClientUsageError` with a one-line reason.
-    A token (--token, else $ACP_TOKEN) and an Authorization header (-H) together are an error."""
+    A token (--token, else $ACP_TOKEN) and an Authorization header (-H) together are an error;
+    with neither, the sign-in stored by `acp-client login URL` is the token (a `StoredLogin`)."""
     headers = dict(args.header)
     header_credentials = any(name.lower() == "authorization" for name in headers)
     token: str | None = args.token if args.token is not None else os.environ.get(TOKEN_ENVIRONMENT_VARIABLE) or None
@@ -128,13 +130,19 @@ def connection_options(args: argparse.Namespace) -> ConnectionOptions:
     if token is not None and header_credentials:
         raise ClientUsageError("give a token or an Authorization header (-H), not both")
     warnings: list[str] = []
+    source: str | TokenSource | None = token
+    if token is None and not header_credentials:
+        try:  # the sign-in of `acp-client login URL`, if any
+            source = StoredLogin.for_url(args.url)
+        except OSError as exc:
+            warnings.append(f"cannot read the stored sign-in: {type(exc).__name__}: {exc}")
     if args.token is not None:
         warnings.append(
             "a token given with --token is visible to other local users in the process list; "
             f"prefer the {TOKEN_ENVIRONMENT_VARIABLE} environment variable"
         )
     parts = urlsplit(args.url)
-    if (token is not None or header_credentials) and parts.scheme.lower() in ("http", "ws"):
+    if (source is not None or header_credentials) and parts.scheme.lower() in ("http", "ws"):
         if not _is_loopback(parts.hostname or ""):
             secure = "https" if parts.scheme.lower() == "http" else "wss"
             warnings.append(
@@ -147,7 +155,7 @@ def connection_options(args: argparse.Namespace) -> ConnectionOptions:
         raise ClientUsageError("--restart needs reconnecting (it happens when a resume finds the connection gone)")
     return ConnectionOptions(
         url=args.url,
-        token=token,
+        token=source,
         token_subprotocol=args.token_subprotocol,
         headers=headers,
         timeout=args.timeout,

@@ -40,13 +40,15 @@ from typing import TextIO
 
 import acp
 
+from ._auth_hint import Credential, refusal_hint
 from ._errors import AuthenticationError, TransportError
+from ._oauth_login import StoredLogin
 from ._reconnect import DEFAULT_BACKOFF, ReconnectPolicy
 from ._shared_sessions import AttachRole
 from ._terminal_client import PermissionMode, TerminalClient
 from ._terminal_input import Input, LineReader, PlainInput, TerminalInput, open_history
 from ._terminal_link import Linker
-from ._terminal_output import Screen, describe_error, describe_request_error, refusal_hint
+from ._terminal_output import Screen, describe_error, describe_request_error
 from ._terminal_shell import COMMANDS, EXIT_CONNECTION_FAILED, EXIT_INTERRUPTED, EXIT_TURN_NOT_DONE, Shell
 from ._token_source import TokenSource
 
@@ -58,6 +60,15 @@ def _is_terminal(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def _credential(token: str | TokenSource | None, headers: Mapping[str, str] | None) -> Credential:
+    """Where the credentials sent came from, for the hint after a refusal."""
+    if isinstance(token, StoredLogin):
+        return "login"
+    if token is not None:
+        return "token"
+    return "header" if any(name.lower() == "authorization" for name in headers or {}) else None
 
 
 async def run(
@@ -139,7 +150,7 @@ async def run(
         else:
             screen.error(describe_error(error, linker.endpoint))
         if isinstance(error, AuthenticationError):
-            screen.hint(refusal_hint(error, linker.kind))
+            screen.hint(refusal_hint(error, linker.kind, url=url, credential=_credential(token, headers)))
         status = EXIT_CONNECTION_FAILED
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):

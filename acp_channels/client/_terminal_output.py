@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
 
-from ._errors import AuthenticationError, HttpStatusError, NetworkError
+from ._errors import HttpStatusError, NetworkError
 from ._http_client import HttpClient, shown_url
 from ._reconnect import ReconnectEvent
 
@@ -34,7 +34,6 @@ __all__ = [
     "describe_error",
     "describe_request_error",
     "elapsed",
-    "refusal_hint",
 ]
 
 #: The longest reason taken from a server's error body (the rest is cut with "…").
@@ -322,21 +321,3 @@ def describe_request_error(error: acp.RequestError) -> str:
     details = data.get("details") if isinstance(data, dict) else data
     extra = f": {details}" if details and str(details) != message else ""
     return f"{message} ({error.code}){extra}"
-
-
-def refusal_hint(error: AuthenticationError, kind: str) -> str:
-    """What to do about a 401/403, in a line."""
-    if not error.credentials_sent and error.status_code == 401:
-        return "The server requires authentication: set ACP_TOKEN (or pass --token)."
-    if not error.credentials_sent and kind == "ws":
-        # Servers such as daphne refuse any WebSocket upgrade with 403, a wrong path too.
-        return (
-            "The server refused the WebSocket (403): it requires authentication "
-            "(set ACP_TOKEN or pass --token), or the URL is wrong."
-        )
-    if error.status_code == 401:
-        return "The server refused the token: check ACP_TOKEN or --token."
-    if kind == "ws":
-        # Servers such as daphne can refuse a WebSocket upgrade only with 403.
-        return "The server refused the WebSocket (403): the token is wrong or not allowed here."
-    return "The server refused access (403): these credentials are not allowed here."
