@@ -31,7 +31,7 @@ SLOW_MODULES = frozenset({
     "test_log_levels_live", "test_malformed_logs_live", "test_websocket_failures_live", "test_demo_logs_live",
     "test_caps_live", "test_batch_live", "test_edge_limits_live", "test_origin_live", "test_auth_live",
     "test_client_servers", "test_oauth_live", "test_client_attach_terminal_live", "test_client_attach_live",
-    "test_tokens_recipe", "test_bridge_attach_live", "test_tokens_live", "test_tickets_live", "test_attach_live",
+    "test_auth_recipes", "test_bridge_attach_live", "test_tokens_live", "test_tickets_live", "test_attach_live",
     "test_directory_live",
 })  # fmt: skip
 #: Fixtures that are real servers.

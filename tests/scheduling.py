@@ -17,7 +17,7 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 
 #: A module that names one of these starts real server processes.
-LIVE_NAMES = ("DaphneServer", "UvicornServer", "HypercornServer", "Cluster(", "start_server(")
+LIVE_NAMES = ("DaphneServer", "UvicornServer", "HypercornServer", "ProjectServer(", "Cluster(", "start_server(")
 #: A module with fixtures of this scope keeps its servers for several tests.
 MODULE_SERVERS = re.compile(r"""scope=["'](module|class)["']""")
 #: Every live test runs against one daphne process, and again through three daphne workers

@@ -43,6 +43,13 @@ def test_wheel_holds_only_the_package_typed_and_licensed(built: Built) -> None:
     assert tops == {"acp_channels", f"acp_channels-{VERSION}.dist-info"}
     assert "acp_channels/py.typed" in names
     assert "acp_channels/static/acp_channels/acp-client.js" in names
+    # What recipe 2 of docs/authentication.md runs from an installed package (tests/test_auth_recipes.py
+    # runs it from this checkout): the tokens app's migration, its command and its admin's template.
+    assert {
+        "acp_channels/tokens/migrations/0001_initial.py",
+        "acp_channels/tokens/management/commands/acp_token.py",
+        "acp_channels/tokens/templates/acp_tokens/token_created.html",
+    } <= set(names)
     assert f"acp_channels-{VERSION}.dist-info/licenses/LICENSE" in names
     assert metadata["Version"] == VERSION
     assert metadata["License-Expression"] == "MIT"
