@@ -1,20 +1,24 @@
 """The suite's own tools: the xdist groups (tests/scheduling.py: the tests sharing a module's
-servers go together per server shape, everything else one test at a time) and the CPU report
-(tests/cpu_report.py)."""
+servers go together per server shape, everything else one test at a time), the CPU report
+(tests/cpu_report.py), and the processes forked from the forkserver (tests/forkserver.py,
+tests/forked.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
+import pexpect
 import pytest
 
-from tests import dist, forkserver
+from tests import dist, forked, forkserver
 from tests.cpu_report import report
 from tests.live import ROOT, DaphneServer
 from tests.scheduling import keeps_servers, server_group
@@ -79,13 +83,96 @@ def test_a_new_cache_entry_removes_stale_ones_of_other_contents(
 
 def test_a_forked_child_runs_a_module_with_its_own_argv_cwd_environment_and_zone(tmp_path: Path) -> None:
     server = forkserver.forkserver()
-    child = server.spawn(["tests.forkserver", "--probe", "x"], tmp_path, {"PROBE": "yes", "TZ": "Asia/Kathmandu"})
+    env = {**os.environ, "PROBE": "yes", "TZ": "Asia/Kathmandu", "PYTHONPATH": str(ROOT)}
+    child = server.spawn(["tests.forkserver", "--probe", "x"], tmp_path, env)
     assert child.wait(30) == 3
     assert child.stderr is not None
     seen = json.loads(child.stderr.read())
     assert seen["argv"] == ["--probe", "x"] and seen["cwd"] == str(tmp_path) and seen["probe"] == "yes"
     assert seen["zone"] == "+0545"  # TZ applied in the child (tzset), not the forkserver's zone
     assert seen["stdin"] == "" and seen["parent"] == server.process.pid
+
+
+def test_a_forked_client_has_its_own_streams_path_and_django_settings(tmp_path: Path) -> None:
+    """`forked.run` as `subprocess.run`: stdin from `input`, stdout and stderr captured, the exit
+    status; sys.path[0] is the child's directory (as for `python -m`); Django's settings are not
+    configured in the forkserver: the child's DJANGO_SETTINGS_MODULE (and what its settings
+    read) is what it gets."""
+    env = {**os.environ, "PROBE": "p", "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.auth_site"}
+    env["ACP_TEST_DATABASE"] = str(tmp_path / "db.sqlite3")
+    argv = [sys.executable, "-m", "tests.forkserver", "--probe", "a b"]
+    result = forked.run(argv, cwd=tmp_path, env=env, input="typed\n", capture_output=True, text=True, timeout=30)
+    assert (result.returncode, result.stdout) == (3, "not for the log\n")
+    seen = json.loads(result.stderr)
+    assert seen["parent"] == forkserver.forkserver().process.pid  # forked, not exec'd
+    assert seen["argv"] == ["--probe", "a b"] and seen["stdin"] == "typed\n" and seen["path0"] == str(tmp_path)
+    assert seen["settings_configured"] is False
+    assert seen["settings"] == ["tests.auth_site", str(tmp_path / "db.sqlite3")]
+
+
+def test_a_forked_script_and_code_run_as_main_with_their_argv(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text("import json, sys\nprint(json.dumps([__name__, sys.argv, sys.path[0]]))\nsys.exit(7)\n")
+    result = forked.run([sys.executable, str(script), "x"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 7
+    assert json.loads(result.stdout) == ["__main__", [str(script), "x"], str(tmp_path)]
+    code = "import sys; print(__name__, sys.argv); raise SystemExit(len(sys.stdin.read()))"
+    result = forked.run([sys.executable, "-c", code, "y"], stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (0, "__main__ ['-c', 'y']\n")
+
+
+async def test_a_forked_child_with_asyncio_streams() -> None:
+    """`forked.create_subprocess_exec` as asyncio's: a StreamWriter on its stdin, StreamReaders on
+    its stdout and stderr, `wait` for the exit status, a signal."""
+    echo = "import sys\nfor line in sys.stdin:\n    print(line.upper(), end='', flush=True)\nsys.exit(5)"
+    pipe = asyncio.subprocess.PIPE
+    process = await forked.create_subprocess_exec(sys.executable, "-c", echo, stdin=pipe, stdout=pipe, stderr=pipe)
+    assert isinstance(process, forked.ForkedProcess)
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    process.stdin.write(b"one\n")
+    await process.stdin.drain()
+    async with asyncio.timeout(30):
+        assert await process.stdout.readline() == b"ONE\n"
+        assert await process.communicate(b"two\n") == (b"TWO\n", b"")
+    assert process.returncode == 5
+    sleeper = await forked.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+    sleeper.kill()
+    async with asyncio.timeout(30):
+        assert await sleeper.wait() == -signal.SIGKILL
+
+
+def test_ctrl_c_typed_on_a_forked_childs_terminal_interrupts_it() -> None:
+    """The child's pseudo-terminal is its controlling terminal and it leads its session: the Ctrl-C
+    typed there is a SIGINT to it, as for a process pexpect would exec; its stdout is line-buffered
+    there (made for its terminal, not the forkserver's streams)."""
+    code = "import os, sys; print(sys.stdin.isatty(), os.getsid(0) == os.getpid(), sys.stdout.line_buffering)"
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    child = forked.TerminalChild(sys.executable, ["-c", code + "; input('> ')"], env=env, encoding="utf-8", timeout=20)
+    try:
+        assert isinstance(child.ptyproc, forked.ForkedPty)
+        child.expect("True True True")
+        child.expect("> ")
+        child.sendcontrol("c")
+        child.expect("KeyboardInterrupt")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.signalstatus == signal.SIGINT  # an uncaught KeyboardInterrupt ends by SIGINT
+    finally:
+        child.close(force=True)
+
+
+def test_what_the_forkserver_fixed_is_not_forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variable the preload read or the interpreter reads as it starts, given another value, makes
+    the command run as itself; so does ACP_TEST_FORK=0."""
+    server = forkserver.forkserver()
+    assert "WEBSOCKETS_MAX_LINE_LENGTH" in server.fixed({**server.env, "WEBSOCKETS_MAX_LINE_LENGTH": "1"})
+    assert server.fixed({**server.env, "PYTHONWARNINGS": "error", "PYTHONPATH": "/x"}) == ["PYTHONWARNINGS"]
+    assert server.fixed({**server.env, "DJANGO_SETTINGS_MODULE": "x", "PYTHONUNBUFFERED": "1"}) == []
+    parent = [sys.executable, "-c", "import os; print(os.getppid())"]
+    warned = forked.run(parent, env={**os.environ, "PYTHONWARNINGS": "error"}, capture_output=True, text=True)
+    assert int(warned.stdout) == os.getpid()
+    monkeypatch.setenv("ACP_TEST_FORK", "0")
+    assert int(forked.run(parent, capture_output=True, text=True).stdout) == os.getpid()
 
 
 def test_a_forked_daphne_serves_and_its_signals_and_exit_are_seen() -> None:
