@@ -1,11 +1,14 @@
 """The demo as an OAuth 2 protected resource: `ACP_DEMO_OAUTH=1 ./dev.sh demo`.
 
 django-oauth-toolkit is the authorization server, on the same site (`/o/authorize/`,
-`/o/token/`), with a SQLite database under the state directory (ACP_DEMO_STATE_DIR, by default
-.venv/demo-oauth). `python -m demo_project.oauth setup` (dev.sh runs it at start) migrates, creates
-the demo user (demo/demo) and a public client with PKCE (`acp-demo`), and prints how to get a
-token; `python -m demo_project.oauth token [SCOPES]` prints a fresh access token of the demo user
-(the shortcut: no browser). Loopback only, like the rest of the demo.
+`/o/token/`, the device flow at `/o/device-authorization/` and `/o/device/`), with a SQLite
+database under the state directory (ACP_DEMO_STATE_DIR, by default .venv/demo-oauth).
+`python -m demo_project.oauth setup` (dev.sh runs it at start) migrates, creates the demo user
+(demo/demo) and two public clients with PKCE: `acp-client`, the id `acp-client login` signs in
+as by default (which may use the device flow too: demo_project/oauth_device.py), and `acp-demo`
+for trying the code flow by hand; then it prints how to sign in.
+`python -m demo_project.oauth token [SCOPES]` prints a fresh access token of the demo user (the
+shortcut: no browser). Loopback only, like the rest of the demo.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ if TYPE_CHECKING:  # Django is imported once configured: the settings module imp
 USERNAME: Final = "demo"
 PASSWORD: Final = "demo"  # the demo's, on loopback
 CLIENT_ID: Final = "acp-demo"
+#: The client id `acp-client login` uses unless told otherwise (DEFAULT_CLIENT_ID there).
+TERMINAL_CLIENT_ID: Final = "acp-client"
 REDIRECT_URIS: Final = "http://127.0.0.1/callback http://localhost/callback"
 SCOPES: Final = {
     "acp:connect": "open and use connections to the agent",
@@ -84,6 +89,13 @@ def configure(settings: dict[str, Any]) -> None:
         "DEFAULT_SCOPES": ["acp:connect"],
         "PKCE_REQUIRED": True,
         "ACCESS_TOKEN_EXPIRE_SECONDS": 3600,
+        # The device flow (demo_project/oauth_device.py): the page where the user enters the code
+        # (made absolute on the request's URL), prefilled from the complete URI; a poll a second.
+        "OAUTH2_VALIDATOR_CLASS": "demo_project.oauth_device.DemoValidator",
+        "OAUTH_DEVICE_VERIFICATION_URI": "/o/device/",
+        "OAUTH_DEVICE_VERIFICATION_URI_COMPLETE": "/o/device/?user_code={user_code}",
+        "OAUTH_PRE_TOKEN_VALIDATION": [],  # DemoValidator.validate_device_code does its work
+        "DEVICE_FLOW_INTERVAL": 1,
     }
     acp = settings["ACP_CHANNELS"]
     for key in ("ALLOW_ANONYMOUS", "TOKEN_LOOKUP", "TOKENS"):
@@ -97,7 +109,10 @@ def urls() -> list[URLPattern | URLResolver]:
     from django.contrib.auth.views import LoginView
     from django.urls import include, path
 
+    from demo_project.oauth_device import DeviceAuthorization
+
     return [
+        path("o/device-authorization/", DeviceAuthorization.as_view()),  # before DOT's own
         path("o/", include("oauth2_provider.urls", namespace="oauth2_provider")),
         path("accounts/login/", LoginView.as_view(template_name="demo_login.html"), name="login"),
         path(".well-known/oauth-authorization-server/o", authorization_server_metadata),
@@ -116,9 +131,14 @@ def authorization_server_metadata(request: HttpRequest) -> JsonResponse:
             "token_endpoint": f"{issuer}/token/",
             "revocation_endpoint": f"{issuer}/revoke_token/",
             "introspection_endpoint": f"{issuer}/introspect/",
+            "device_authorization_endpoint": f"{issuer}/device-authorization/",
             "scopes_supported": list(SCOPES),
             "response_types_supported": ["code"],
-            "grant_types_supported": ["authorization_code", "refresh_token"],
+            "grant_types_supported": [
+                "authorization_code",
+                "refresh_token",
+                "urn:ietf:params:oauth:grant-type:device_code",
+            ],
             "code_challenge_methods_supported": ["S256"],
             "token_endpoint_auth_methods_supported": ["none", "client_secret_basic", "client_secret_post"],
         }
@@ -128,7 +148,7 @@ def authorization_server_metadata(request: HttpRequest) -> JsonResponse:
 
 
 def setup() -> None:
-    """Migrate, and create the demo user and the public client once."""
+    """Migrate, and create the demo user and the public clients once."""
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from oauth2_provider.models import get_application_model
@@ -137,17 +157,18 @@ def setup() -> None:
     users = get_user_model()._default_manager
     if not users.filter(username=USERNAME).exists():
         users.create_user(USERNAME, password=PASSWORD)
-    get_application_model().objects.update_or_create(
-        client_id=CLIENT_ID,
-        defaults={
-            "name": "ACP demo (public, PKCE)",
-            "client_type": "public",
-            "authorization_grant_type": "authorization-code",
-            "redirect_uris": REDIRECT_URIS,
-            "skip_authorization": True,
-            "algorithm": "",
-        },
-    )
+    for client_id, name in ((CLIENT_ID, "ACP demo (public, PKCE)"), (TERMINAL_CLIENT_ID, "acp-client (public, PKCE)")):
+        get_application_model().objects.update_or_create(
+            client_id=client_id,
+            defaults={
+                "name": name,
+                "client_type": "public",
+                "authorization_grant_type": "authorization-code",
+                "redirect_uris": REDIRECT_URIS,
+                "skip_authorization": True,
+                "algorithm": "",
+            },
+        )
 
 
 def issue(scope: str = ALL_SCOPES, seconds: float = 3600, username: str = USERNAME) -> str:
@@ -173,7 +194,11 @@ def instructions() -> str:
 OAuth demo: {here}/acp accepts access tokens of django-oauth-toolkit ({here}/o/), scopes {ALL_SCOPES}.
   metadata:     {here}/.well-known/oauth-protected-resource
   user:         {USERNAME} / {PASSWORD}
-  client:       {CLIENT_ID} (public, authorization code + PKCE, redirect http://127.0.0.1/callback)
+  clients:      {TERMINAL_CLIENT_ID} and {CLIENT_ID} (public, authorization code + PKCE, redirect \
+http://127.0.0.1/callback; {TERMINAL_CLIENT_ID} also the device flow)
+Sign in with the terminal client (your browser, or --device for a code to enter at {here}/o/device/):
+  .venv/bin/acp-client login {here}
+  .venv/bin/acp-client {here}
 A token now (the demo user's, one hour):
   ACP_TOKEN=$(ACP_DEMO_OAUTH=1 .venv/bin/python -m demo_project.oauth token) .venv/bin/acp-client {here}
 The code flow: open {here}/o/authorize/?response_type=code&client_id={CLIENT_ID}\

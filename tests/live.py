@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -139,6 +139,20 @@ class ServerProcess:
                 self.process.wait()
 
 
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A free loopback port that stays ours until a server listens on it: a socket bound (not
+    listening) with SO_REUSEADDR holds it, and a server that binds with SO_REUSEADDR too
+    (daphne: Twisted does) takes it over; close the context once it listens."""
+    holder = socket.socket()
+    try:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 0))
+        yield holder.getsockname()[1]
+    finally:
+        holder.close()
+
+
 @dataclass
 class DaphneServer(ServerProcess):
     """One daphne worker process serving the demo project (with `tls`: https:// and wss://,
@@ -150,6 +164,9 @@ class DaphneServer(ServerProcess):
     #: Run `python -m daphne` itself rather than fork it from the preloaded forkserver
     #: (tests/forkserver.py): for tests about how a server starts.
     exec: bool = False
+    #: Listen there (`reserved_port`) when the site must know its own URL before it starts;
+    #: 0: a free port, read from daphne's log.
+    listen_port: int = 0
 
     def command(self) -> tuple[list[str], Path, dict[str, str] | None]:
         env = {
@@ -159,9 +176,12 @@ class DaphneServer(ServerProcess):
             "ACP_SHUTDOWN_GRACE_SECONDS": "2",  # stop() sends SIGTERM: drain briefly
             **self.env,
         }
-        endpoint = "tcp:port=0:interface=127.0.0.1:backlog=2048"
+        port = self.listen_port
+        endpoint = f"tcp:port={port}:interface=127.0.0.1:backlog=2048"
         if self.tls is not None:
-            endpoint = f"ssl:port=0:interface=127.0.0.1:backlog=2048:privateKey={self.tls.key}:certKey={self.tls.cert}"
+            endpoint = (
+                f"ssl:port={port}:interface=127.0.0.1:backlog=2048:privateKey={self.tls.key}:certKey={self.tls.cert}"
+            )
         daphne = [
             sys.executable, "-m", "daphne",
             "-e", endpoint,

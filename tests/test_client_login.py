@@ -4,7 +4,7 @@ does not match refused), PKCE, the loopback redirect's state check, the device f
 (interval, slow_down, denial, expiry), the token store's modes and atomic writes, `StoredLogin`
 renewing with the refresh token (the new one replacing the old) and adopting what another
 client stored, the command line, and the hint after a refusal for each kind of challenge. The
-same against the demo with django-oauth-toolkit, as real processes: test_client_login_live.py."""
+same against the demo with django-oauth-toolkit, as real processes: test_oauth_live.py."""
 
 from __future__ import annotations
 

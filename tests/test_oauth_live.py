@@ -29,7 +29,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from tests.live import JSON, ROOT, SSE, DaphneServer, rpc, wait_for_line
+from tests import oauth_browser
+from tests.live import JSON, ROOT, SSE, DaphneServer, reserved_port, rpc, wait_for_line
 from tests.test_auth_interop import run_driver
 
 pytestmark = pytest.mark.timeout(120)
@@ -63,8 +64,12 @@ class OAuthSite:
     tokens: dict[str, str]
 
     @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.server.port}"
+
+    @property
     def metadata_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.port}/.well-known/oauth-protected-resource"
+        return f"{self.origin}/.well-known/oauth-protected-resource"
 
     def challenge(self, scope: str, error: str | None = None, description: str | None = None) -> str:
         parts = ['Bearer realm="acp"']
@@ -87,20 +92,29 @@ def demo_environment(state: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthSite]:
     env = demo_environment(tmp_path_factory.mktemp("oauth-state"))
-    process_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
-    setup = subprocess.run(
-        [sys.executable, "-m", "demo_project.oauth", "setup"], env=process_env, cwd=ROOT, capture_output=True, text=True
-    )
-    assert setup.returncode == 0, setup.stderr
-    assert "ACP_TOKEN=$(ACP_DEMO_OAUTH=1 .venv/bin/python -m demo_project.oauth token)" in setup.stderr
-    issued = subprocess.run(
-        [sys.executable, "-c", ISSUE, json.dumps(ISSUED)], env=process_env, cwd=ROOT, capture_output=True, text=True
-    )
-    assert issued.returncode == 0, issued.stderr
-    server = DaphneServer(env=env).start()
+    with reserved_port() as port:
+        # The metadata names the demo's own authorization server, on the port the site will
+        # listen on: `acp-client login` follows it (below).
+        env["ACP_OAUTH_AUTHORIZATION_SERVERS"] = f'["http://127.0.0.1:{port}/o"]'
+        process_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+        setup = subprocess.run(
+            [sys.executable, "-m", "demo_project.oauth", "setup"],
+            env=process_env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert setup.returncode == 0, setup.stderr
+        assert "ACP_TOKEN=$(ACP_DEMO_OAUTH=1 .venv/bin/python -m demo_project.oauth token)" in setup.stderr
+        assert ".venv/bin/acp-client login http://127.0.0.1:" in setup.stderr
+        issued = subprocess.run(
+            [sys.executable, "-c", ISSUE, json.dumps(ISSUED)], env=process_env, cwd=ROOT, capture_output=True, text=True
+        )
+        assert issued.returncode == 0, issued.stderr
+        server = DaphneServer(env=env, listen_port=port).start()
     yield OAuthSite(server, json.loads(issued.stdout))
     server.stop()
-    assert server.errors() == []
+    assert server.errors() == [], "".join(server.log)[-6000:]
     log = "".join(server.log)
     assert not [token for token in json.loads(issued.stdout).values() if token in log], "a token reached the log"
 
@@ -130,14 +144,15 @@ async def test_the_metadata_document(site: OAuthSite, http: httpx.AsyncClient) -
     assert response.headers["content-type"] == "application/json"
     assert response.json() == {
         "resource": site.server.url,
-        "authorization_servers": [ISSUER],
+        "authorization_servers": [f"{site.origin}/o"],
         "scopes_supported": [CONNECT, OBSERVE, CONTROL],
         "bearer_methods_supported": ["header"],
     }
     assert (await http.get(site.metadata_url + "/acp")).json() == response.json()  # RFC 9728 §3.1
     # The demo's authorization server describes itself (RFC 8414).
-    server = (await http.get(f"http://127.0.0.1:{site.server.port}/.well-known/oauth-authorization-server/o")).json()
-    assert server["token_endpoint"] == f"http://127.0.0.1:{site.server.port}/o/token/"
+    server = (await http.get(f"{site.origin}/.well-known/oauth-authorization-server/o")).json()
+    assert server["issuer"] == f"{site.origin}/o" and server["token_endpoint"] == f"{site.origin}/o/token/"
+    assert server["device_authorization_endpoint"] == f"{site.origin}/o/device-authorization/"
     assert server["code_challenge_methods_supported"] == ["S256"]
 
 
@@ -389,3 +404,91 @@ def test_official_client_with_an_expired_dot_token_is_refused(site: OAuthSite, c
     assert summary["returncode"] == 1 and summary["ok"] is False
     assert summary["status"] == (401 if transport == "http" else 403), summary
     assert "timed out" not in summary["error"]
+
+
+# -- acp-client login, as a person runs it ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def login_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of the acp-client processes: a state directory of their own, no token,
+    and tests/oauth_browser.py as the browser (Python's webbrowser runs BROWSER with the URL)."""
+    home = tmp_path_factory.mktemp("login")
+    browser = home / "browser"
+    browser.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tests.oauth_browser "$1" >&2\n')
+    browser.chmod(0o755)
+    env = {name: value for name, value in os.environ.items() if name != "ACP_TOKEN"}
+    return {**env, "XDG_STATE_HOME": str(home / "state"), "BROWSER": str(browser), "PYTHONPATH": str(ROOT)}
+
+
+def stored_login(env: dict[str, str]) -> tuple[Path, dict[str, Any]]:
+    [path] = (Path(env["XDG_STATE_HOME"]) / "acp-channels" / "tokens").glob("*.json")
+    return path, json.loads(path.read_text())
+
+
+def acp_client(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "acp_channels.client", *args]
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+async def test_acp_client_login_with_the_browser(site: OAuthSite, login_env: dict[str, str]) -> None:
+    """The code flow end to end: acp-client opens the browser stand-in, which logs in at DOT's
+    form and follows the authorize redirect to acp-client's loopback callback."""
+    login = await asyncio.to_thread(acp_client, login_env, "login", site.origin)
+    assert login.returncode == 0, login.stdout + login.stderr
+    assert f"Signed in to {site.server.url} (scopes: {CONNECT} {OBSERVE} {CONTROL};" in login.stdout
+    assert "you can close this window" in login.stderr  # the page the browser got from the callback
+    path, record = stored_login(login_env)
+    assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+    assert (record["resource"], record["issuer"], record["client_id"]) == (
+        site.server.url,
+        f"{site.origin}/o",
+        "acp-client",
+    )
+    assert record["access_token"] not in login.stdout + login.stderr
+    async with httpx.AsyncClient(timeout=20.0) as http:
+        assert (await initialize(http, site.server.url, record["access_token"])).status_code == 200
+
+
+def test_acp_client_login_with_the_device_flow_then_a_refreshed_session(
+    site: OAuthSite, login_env: dict[str, str]
+) -> None:
+    """--device: acp-client prints a code, a person (this test, through DOT's pages) approves it.
+    Then a session with the stored sign-in whose access token the server no longer takes: the
+    client renews it with the refresh token, stores the new pair, and the turn runs."""
+    command = [sys.executable, "-m", "acp_channels.client", "login", site.origin, "--device", "--scope", CONNECT]
+    login = subprocess.Popen(
+        command, env=login_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert login.stderr is not None
+        said = ""
+        while (match := re.search(r"open (\S+) in any browser and enter the code (\S+)", said)) is None:
+            line = login.stderr.readline()
+            assert line, said
+            said += line
+        page = approve_device(match.group(1), match.group(2))
+        assert "Device Authorized" in page
+        out, err = login.communicate(timeout=30)
+    finally:
+        if login.poll() is None:
+            login.kill()
+    assert login.returncode == 0, said + err
+    assert f"Signed in to {site.server.url} (scopes: {CONNECT};" in out
+    path, record = stored_login(login_env)
+    # The server no longer takes the stored access token (an expired one in its place); the
+    # record still says it is valid, so the client learns it from the server's 401.
+    path.write_text(json.dumps({**record, "access_token": site.tokens["expired"]}))
+    session = acp_client(login_env, site.origin, "-p", "whoami")
+    assert session.returncode == 0, session.stdout + session.stderr
+    assert "principal=user:demo " in session.stdout
+    _, renewed = stored_login(login_env)
+    assert renewed["access_token"] not in (site.tokens["expired"], record["access_token"])
+    assert renewed["refresh_token"] != record["refresh_token"]  # DOT rotates it: the new one is kept
+    assert (path.stat().st_mode & 0o777) == 0o600
+
+
+def approve_device(verification_uri: str, user_code: str) -> str:
+    """A person at DOT's device page: log in, enter the code, accept. The status page."""
+    with httpx.Client(timeout=20.0, follow_redirects=False) as browser:
+        return oauth_browser.approve_device(browser, verification_uri, user_code)
