@@ -206,6 +206,15 @@ AUTH_HINT = (
     '"acp_channels.auth.bearer_token"), or ACP_CHANNELS["ALLOW_ANONYMOUS"] = True to serve '
     "everyone on purpose (docs/authentication.md)."
 )
+AUTHENTICATE_HINT = (
+    "Name a callable taking the request's RequestContext and returning a Principal (sync or async): "
+    '"acp_channels.auth.django_user", "acp_channels.auth.bearer_token", "acp_channels.oauth.access_token", or your '
+    "own (docs/authentication.md)."
+)
+REVALIDATE_HINT = (
+    "Name a callable taking the live connections' principals and returning those no longer valid (sync or async), "
+    "or leave REVALIDATE unset for the built-in check (docs/authentication.md, recipe 2)."
+)
 
 
 def _check_authentication(agent: Any) -> list[CheckMessage]:
@@ -213,9 +222,9 @@ def _check_authentication(agent: Any) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
     authenticate = acp_settings.AUTHENTICATE
     token_lookup = acp_settings.TOKEN_LOOKUP
-    errors += _check_dotted_callable("AUTHENTICATE", authenticate, "acp_channels.E021")
+    errors += _check_dotted_callable("AUTHENTICATE", authenticate, "acp_channels.E021", AUTHENTICATE_HINT)
     errors += _check_dotted_callable("TOKEN_LOOKUP", token_lookup, "acp_channels.E022", TOKEN_LOOKUP_HINT)
-    errors += _check_dotted_callable("REVALIDATE", acp_settings.REVALIDATE, "acp_channels.E061")
+    errors += _check_dotted_callable("REVALIDATE", acp_settings.REVALIDATE, "acp_channels.E061", REVALIDATE_HINT)
     for name, check_id in (
         ("REQUIRED_PERMISSION", "acp_channels.E023"),
         ("SESSIONS_VIEW_ALL_PERMISSION", "acp_channels.E042"),
@@ -259,7 +268,7 @@ def _check_authentication(agent: Any) -> list[CheckMessage]:
     return errors
 
 
-def _check_dotted_callable(name: str, path: Any, check_id: str, hint: str | None = None) -> list[CheckMessage]:
+def _check_dotted_callable(name: str, path: Any, check_id: str, hint: str) -> list[CheckMessage]:
     if path is None:
         return []
     if not isinstance(path, str) or not path:
@@ -269,7 +278,7 @@ def _check_dotted_callable(name: str, path: Any, check_id: str, hint: str | None
     try:
         found = import_string(path)
     except Exception as error:  # ImportError, or the module itself failing to import
-        hint = "Check the module's name and that it imports on its own (python -c 'import …'). " + (hint or "")
+        hint = "Check the module's name and that it imports on its own (python -c 'import …'). " + hint
         return [Error(f"ACP_CHANNELS['{name}'] = {path!r} cannot be imported: {error}", hint=hint, id=check_id)]
     if not callable(found):
         return [Error(f"ACP_CHANNELS['{name}'] = {path!r} is not callable.", hint=hint, id=check_id)]

@@ -186,54 +186,77 @@ PERMISSION_HINT = (
 MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 
+#: The settings that name a Django permission, and what it means when nobody can have it.
+PERMISSION_SETTINGS: Final = {
+    "REQUIRED_PERMISSION": "only superusers are let in",
+    "SESSIONS_VIEW_ALL_PERMISSION": "only superusers see every principal's sessions",
+    "SESSIONS_OBSERVE_PERMISSION": "only superusers may observe others' sessions",
+    "SESSIONS_CONTROL_PERMISSION": "only superusers may control others' sessions",
+}
+
+
 @register(Tags.compatibility)
 def check_required_permission(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """E035 (W007 where the users may not be Django's): REQUIRED_PERMISSION names a permission
-    nobody can have, as far as the code tells (no app, no model declaring it, no database to
-    hold another). A database is never queried here: `migrate` runs this before it creates the
-    permissions; `check_required_permission_in_database` looks there at the start."""
-    permission = acp_settings.REQUIRED_PERMISSION
-    if not isinstance(permission, str) or not is_permission(permission) or not apps.is_installed("django.contrib.auth"):
-        return []  # E023; or no Django permissions at all (E028 when django_user needs them)
-    problem = _declared_permission_problem(permission)
-    if problem is None:
-        return []
-    text, maybe_in_database = problem
-    if maybe_in_database and _has_a_database():
-        return []  # it may be a row of the database: looked up at the start
-    if maybe_in_database:
-        text += " (and without a database no other permission exists)"
-    return [_permission_message(permission, text)]
+    """E035 (W007 where the users may not be Django's): REQUIRED_PERMISSION, or a
+    SESSIONS_*_PERMISSION, names a permission nobody can have, as far as the code tells (no app,
+    no model declaring it, no database to hold another). A database is never queried here:
+    `migrate` runs this before it creates the permissions; `check_required_permission_in_database`
+    looks there at the start."""
+    if not apps.is_installed("django.contrib.auth"):
+        return []  # no Django permissions at all (E028 when django_user needs them)
+    found: list[CheckMessage] = []
+    for name, permission in _named_permissions():
+        problem = _declared_permission_problem(permission)
+        if problem is None:
+            continue
+        text, maybe_in_database = problem
+        if maybe_in_database and _has_a_database():
+            continue  # it may be a row of the database: looked up at the start
+        if maybe_in_database:
+            text += " (and without a database no other permission exists)"
+        found.append(_permission_message(name, permission, text))
+    return found
 
 
 @register(Tags.database, STARTUP_TAG, deploy=True)
 def check_required_permission_in_database(
     app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """E035/W007 for a REQUIRED_PERMISSION no model declares: the database that holds
+    """E035/W007 for a permission setting no model declares: the database that holds
     permissions has no such row either. Silent when it cannot be read (not migrated yet)."""
-    permission = acp_settings.REQUIRED_PERMISSION
-    if not databases or not isinstance(permission, str) or not is_permission(permission):
+    if not databases or not apps.is_installed("django.contrib.auth") or not _has_a_database():
         return []
-    if not apps.is_installed("django.contrib.auth"):
-        return []
-    problem = _declared_permission_problem(permission)
-    if problem is None or not problem[1] or not _has_a_database():
-        return []  # declared; or check_required_permission's to report
     from django.contrib.auth.models import Permission
     from django.db import DatabaseError, router
 
     alias = router.db_for_read(Permission)
     if alias not in databases:
         return []
-    app_label, _, codename = permission.partition(".")
-    try:
-        exists = Permission.objects.using(alias).filter(content_type__app_label=app_label, codename=codename).exists()
-    except DatabaseError:
-        return []
-    if exists:
-        return []
-    return [_permission_message(permission, f"{problem[0]}, and the database {alias!r} has no such permission")]
+    found: list[CheckMessage] = []
+    for name, permission in _named_permissions():
+        problem = _declared_permission_problem(permission)
+        if problem is None or not problem[1]:
+            continue  # declared; or check_required_permission's to report
+        app_label, _, codename = permission.partition(".")
+        try:
+            rows = Permission.objects.using(alias).filter(content_type__app_label=app_label, codename=codename)
+            exists = rows.exists()
+        except DatabaseError:
+            return []
+        if not exists:
+            found.append(
+                _permission_message(
+                    name, permission, f"{problem[0]}, and the database {alias!r} has no such permission"
+                )
+            )
+    return found
+
+
+def _named_permissions() -> list[tuple[str, str]]:
+    """(setting, permission) for each permission setting of the form 'app_label.codename' (E023,
+    E042, E047, E048 report the others)."""
+    named = [(name, getattr(acp_settings, name)) for name in PERMISSION_SETTINGS]
+    return [(name, value) for name, value in named if isinstance(value, str) and is_permission(value)]
 
 
 def _declared_permission_problem(permission: str) -> tuple[str, bool] | None:
@@ -257,10 +280,10 @@ def _has_a_database() -> bool:
     return any(database.get("ENGINE") != "django.db.backends.dummy" for database in settings.DATABASES.values())
 
 
-def _permission_message(permission: str, problem: str) -> CheckMessage:
-    text = f"ACP_CHANNELS['REQUIRED_PERMISSION'] = {permission!r} is not a permission: {problem}."
+def _permission_message(name: str, permission: str, problem: str) -> CheckMessage:
+    text = f"ACP_CHANNELS['{name}'] = {permission!r} is not a permission: {problem}."
     if _users_are_djangos():
-        return Error(text, hint=PERMISSION_HINT + " As it is, only superusers are let in.", id="acp_channels.E035")
+        return Error(text, hint=f"{PERMISSION_HINT} As it is, {PERMISSION_SETTINGS[name]}.", id="acp_channels.E035")
     return Warning(
         text,
         hint=PERMISSION_HINT + " Only users who decide permissions themselves (a TOKEN_LOOKUP's own user objects, "

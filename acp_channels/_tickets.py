@@ -32,6 +32,7 @@ from django.core.cache import BaseCache, caches
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
+from django.utils.module_loading import import_string
 from django.views.decorators.csrf import csrf_exempt
 
 from acp_channels import _cors as cors
@@ -100,6 +101,8 @@ async def issue(principal: Principal, origin: str | None, scopes: Sequence[str] 
 def issue_sync(principal: Principal, origin: str | None, scopes: Sequence[str] | None = None) -> tuple[str, float]:
     ticket = secrets.token_urlsafe(32)  # RFC 6455 token characters: it fits a subprotocol
     expires = now() + lifetime()
+    if principal.expires_at is not None:  # never outlives the credential it was bought with
+        expires = min(expires, principal.expires_at)
     entry = {
         "principal": principal.to_wire(),
         "origin": origin,
@@ -179,7 +182,7 @@ async def tickets_endpoint(request: HttpRequest) -> HttpResponseBase:
         {
             "ticket": ticket,
             "subprotocol": TICKET_SUBPROTOCOL_PREFIX + ticket,
-            "expiresIn": lifetime(),
+            "expiresIn": lifetime() if principal.expires_at is None else round(max(0.0, expires - now()), 3),
             "expiresAt": datetime.datetime.fromtimestamp(expires, datetime.UTC).isoformat().replace("+00:00", "Z"),
         }
     )
@@ -254,7 +257,7 @@ def _check_store() -> list[CheckMessage]:
         ]
     backend = configured[alias].get("BACKEND") if isinstance(configured[alias], Mapping) else None
     hint = SHARED_CACHE_HINT.format(alias=alias)
-    if backend == DUMMY_CACHE:
+    if _is(backend, DUMMY_CACHE):
         return [
             Error(
                 f"CACHES[{alias!r}] (ACP_CHANNELS['TICKET_CACHE']) is the DummyCache: it keeps no ticket, so every "
@@ -263,7 +266,7 @@ def _check_store() -> list[CheckMessage]:
                 id="acp_channels.E091",
             )
         ]
-    if backend in PROCESS_LOCAL_CACHES and _several_workers():
+    if any(_is(backend, local) for local in PROCESS_LOCAL_CACHES) and _several_workers():
         return [
             Error(
                 f"CACHES[{alias!r}] (ACP_CHANNELS['TICKET_CACHE']) is {backend}, memory of one process, while the "
@@ -282,4 +285,16 @@ def _several_workers() -> bool:
     layers = getattr(settings, "CHANNEL_LAYERS", None)
     default = layers.get("default") if isinstance(layers, Mapping) else None
     backend = default.get("BACKEND") if isinstance(default, Mapping) else None
-    return isinstance(backend, str) and backend != IN_MEMORY_LAYER
+    return isinstance(backend, str) and not _is(backend, IN_MEMORY_LAYER)
+
+
+def _is(backend: Any, path: str) -> bool:
+    """Whether the dotted path `backend` is the class at `path` or a subclass of it (a site's own
+    LocMemCache is memory of one process too)."""
+    if backend == path:
+        return True
+    try:
+        found, base = import_string(backend), import_string(path)
+    except Exception:  # not a dotted path, or it does not import: Django's own checks say so
+        return False
+    return isinstance(found, type) and isinstance(base, type) and issubclass(found, base)

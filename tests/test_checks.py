@@ -443,7 +443,7 @@ def with_sessions(settings: Any) -> None:
     settings.MIDDLEWARE = [*settings.MIDDLEWARE, *SESSION_MIDDLEWARE]
 
 
-@pytest.mark.parametrize("key", ["AUTHENTICATE", "TOKEN_LOOKUP"])
+@pytest.mark.parametrize("key", ["AUTHENTICATE", "TOKEN_LOOKUP", "REVALIDATE"])
 @pytest.mark.parametrize(
     ("value", "message"),
     [
@@ -455,11 +455,17 @@ def with_sessions(settings: Any) -> None:
     ids=["unimportable", "not-callable", "number", "empty"],
 )
 def test_authentication_callables_must_be_importable(settings: Any, key: str, value: Any, message: str) -> None:
+    """An error with a hint that says what the setting must name."""
     acp(settings, **{key: value})
-    check_id = {"AUTHENTICATE": "acp_channels.E021", "TOKEN_LOOKUP": "acp_channels.E022"}[key]
+    check_id, named = {
+        "AUTHENTICATE": ("acp_channels.E021", "acp_channels.auth.django_user"),
+        "TOKEN_LOOKUP": ("acp_channels.E022", "acp_channels.tokens"),
+        "REVALIDATE": ("acp_channels.E061", "principals"),
+    }[key]
     messages = check_settings()
     assert [m.id for m in messages] == [check_id]
-    assert message in messages[0].msg
+    assert isinstance(messages[0], Error) and message in messages[0].msg
+    assert messages[0].hint is not None and named in messages[0].hint
 
 
 def test_bearer_token_with_a_lookup_is_clean(settings: Any) -> None:
@@ -665,3 +671,62 @@ def test_a_declared_rule_is_its_system_check(settings: Any, name: str) -> None:
     errors = [message for message in check_settings() if isinstance(message, Error)]
     assert [error.id for error in errors] == [AcpSettings.declared()[name].check_id]
     assert errors[0].msg.startswith(f"ACP_CHANNELS['{name}'] must be ")
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 28's named cases: each a system check error with a hint
+
+
+def issue_28_messages(settings: Any, monkeypatch: pytest.MonkeyPatch, case: str) -> list[Any]:
+    """The messages of the checks that concern `case`, with the demo's settings changed as it says."""
+    from acp_channels import _oauth_checks
+    from acp_channels._startup import check_required_permission
+    from acp_channels._tickets import check_tickets
+
+    if case == "authenticator-unimportable":
+        acp(settings, AUTHENTICATE="mysite.auth.nowhere")
+    elif case == "token-lookup-unimportable":
+        acp(settings, AUTHENTICATE=BEARER, TOKEN_LOOKUP="mysite.tokens.nowhere")
+    elif case == "revalidate-unimportable":
+        acp(settings, REVALIDATE="mysite.tokens.nowhere")
+    elif case in ("permission-of-no-app", "permission-no-model-declares"):
+        with_sessions(settings)
+        permission = "agents.use_agent" if case == "permission-of-no-app" else "auth.use_agent"
+        acp(settings, AUTHENTICATE=DJANGO_USER, REQUIRED_PERMISSION=permission)
+        return check_required_permission()
+    elif case == "oauth-without-the-extra":
+        acp(settings, AUTHENTICATE="acp_channels.oauth.access_token")
+        monkeypatch.setattr(_oauth_checks.importlib.util, "find_spec", lambda name, *args: None)
+        return _oauth_checks.check_oauth()
+    elif case in ("tickets-in-one-process", "tickets-in-a-dummy-cache"):
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "acp_channels.layers.RedisChannelLayer"}}
+        if case == "tickets-in-a-dummy-cache":
+            settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
+        return check_tickets()
+    return check_settings()
+
+
+@pytest.mark.parametrize(
+    ("case", "check_id", "hinted"),
+    [
+        ("authenticator-unimportable", "acp_channels.E021", "python -c"),
+        ("token-lookup-unimportable", "acp_channels.E022", "acp_channels.tokens"),
+        ("revalidate-unimportable", "acp_channels.E061", "leave REVALIDATE unset"),
+        ("permission-of-no-app", "acp_channels.E035", "Meta.permissions"),
+        ("permission-no-model-declares", "acp_channels.E035", "only superusers are let in"),
+        ("oauth-without-the-extra", "acp_channels.E073", "pip install 'acp-channels[oauth]'"),
+        ("tickets-in-one-process", "acp_channels.E091", "RedisCache"),
+        ("tickets-in-a-dummy-cache", "acp_channels.E091", "RedisCache"),
+    ],
+)
+def test_issue_28s_cases_are_errors_with_hints(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, case: str, check_id: str, hinted: str
+) -> None:
+    """An authenticator, token lookup or REVALIDATE check that cannot be imported; a permission
+    that does not exist (the demo has no database: `check` tells from the code alone; with one,
+    an undeclared codename is looked up at the start, tests/test_startup_checks.py); the OAuth
+    settings without django-oauth-toolkit; WebSocket tickets in one process's memory (or none)
+    while a Redis channel layer says there are several workers."""
+    [message] = issue_28_messages(settings, monkeypatch, case)
+    assert message.id == check_id and isinstance(message, Error), message
+    assert message.hint is not None and hinted in message.hint, message.hint

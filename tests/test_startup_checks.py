@@ -145,6 +145,25 @@ def test_where_users_may_not_be_djangos_it_is_a_warning(
     ]
 
 
+@pytest.mark.parametrize(
+    ("name", "who"),
+    [
+        ("SESSIONS_VIEW_ALL_PERMISSION", "see every principal's sessions"),
+        ("SESSIONS_OBSERVE_PERMISSION", "observe others' sessions"),
+        ("SESSIONS_CONTROL_PERMISSION", "control others' sessions"),
+    ],
+)
+def test_the_session_permissions_must_exist_too(settings: Any, name: str, who: str) -> None:
+    """A typo there lets nobody but superusers have the privilege: the same error as for
+    REQUIRED_PERMISSION, naming the setting and what it costs."""
+    acp(settings, AUTHENTICATE=DJANGO_USER, **{name: "auth.observe_sesions"})
+    [message] = check_required_permission()
+    assert message.id == "acp_channels.E035" and message.msg.startswith(f"ACP_CHANNELS['{name}'] = ")
+    assert message.hint is not None and f"only superusers {'may ' if 'see' not in who else ''}{who}" in message.hint
+    acp(settings, **{name: "auth.view_user"})
+    assert check_required_permission() == []
+
+
 def test_the_form_is_e023s_to_report(settings: Any) -> None:
     assert messages(settings, "use_agent") == []
 

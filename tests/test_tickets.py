@@ -12,7 +12,9 @@ import threading
 from typing import Any
 
 import pytest
+from channels.layers import InMemoryChannelLayer
 from channels.testing import WebsocketCommunicator
+from django.core.cache.backends.locmem import LocMemCache
 from django.test import AsyncClient
 from django.utils.crypto import get_random_string
 
@@ -324,6 +326,23 @@ def test_several_workers_need_a_shared_ticket_cache(settings: Any) -> None:
     assert "RedisCache" in error.hint and "TICKET_CACHE" in error.hint
     settings.CACHES = REDIS_CACHE
     assert check_tickets() == []
+
+
+class SiteLocMemCache(LocMemCache):
+    """A site's own cache on LocMemCache: memory of one process all the same."""
+
+
+class SiteInMemoryLayer(InMemoryChannelLayer):
+    """A site's own in-memory layer: one process."""
+
+
+def test_a_subclass_of_the_per_process_backends_is_per_process_too(settings: Any) -> None:
+    settings.CHANNEL_LAYERS = REDIS_LAYER
+    settings.CACHES = {"default": {"BACKEND": "tests.test_tickets.SiteLocMemCache"}}
+    [error] = check_tickets()
+    assert error.id == "acp_channels.E091" and "SiteLocMemCache" in error.msg
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "tests.test_tickets.SiteInMemoryLayer"}}
+    assert check_tickets() == []  # one process: its memory is enough
 
 
 def test_the_ticket_cache_must_keep_tickets_and_exist(settings: Any) -> None:
