@@ -384,7 +384,8 @@ async def test_recipe_3_the_old_bearer_subprotocol(team_site: Site) -> None:
 
 # -- OAuth with django-oauth-toolkit ---------------------------------------------------------------------
 
-CLIENT_ID = "acp-cli"
+#: The client id `acp-client login` uses, which the recipe registers.
+CLIENT_ID = "acp-client"
 
 
 async def code_flow(site: Site, scope: str) -> tuple[dict[str, Any], set[str]]:
@@ -442,6 +443,15 @@ async def test_oauth_an_access_token_from_the_code_flow(oauth_site: Site) -> Non
         metadata = (await http.get(f"{site.origin}/.well-known/oauth-protected-resource")).json()
     assert metadata["resource"] == "https://agents.example.com/acp"
     assert metadata["authorization_servers"] == ["https://agents.example.com/o"]
+    # The authorization server's metadata where RFC 8414 clients (acp-client login) look for issuer .../o.
+    async with httpx.AsyncClient(timeout=20) as http:
+        server = (await http.get(f"{site.origin}/.well-known/oauth-authorization-server/o")).json()
+    assert server["issuer"] == f"{site.origin}/o"
+    assert (server["authorization_endpoint"], server["token_endpoint"]) == (
+        f"{site.origin}/o/authorize/",
+        f"{site.origin}/o/token/",
+    )
+    assert "S256" in server["code_challenge_methods_supported"]
     answer, met = await code_flow(site, "acp:connect")
     token = answer["access_token"]
     assert await prompt_once(site.url, token) == ANSWER
