@@ -393,6 +393,52 @@ async def test_login_uses_the_device_flow_when_asked(
     assert fake.token_forms[0]["grant_type"] == DEVICE_GRANT
 
 
+class Terminal(io.StringIO):
+    """What login prints; a sign-in URL printed is visited, as a person would (`visits`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.browser = httpx.AsyncClient()
+        self.visits: list[asyncio.Task[httpx.Response]] = []
+
+    def write(self, text: str) -> int:
+        if (found := re.search(r"(https://\S+/authorize/\?\S+)", text)) is not None:
+            query = {name: values[0] for name, values in parse_qs(urlsplit(found.group(1)).query).items()}
+            answer = f"{query['redirect_uri']}?code=the-code&state={query['state']}"
+            self.visits.append(asyncio.create_task(self.browser.get(answer)))
+        return super().write(text)
+
+
+@pytest.mark.parametrize("offered", [True, False], ids=["device-offered", "device-not-offered"])
+async def test_without_a_browser_here(
+    fake: FakeServer, store: TokenStore, monkeypatch: pytest.MonkeyPatch, offered: bool
+) -> None:
+    """No BROWSER, no desktop (an ssh session): the device flow where the server offers it, else
+    the URL printed for the user to open; never a browser started (Python's fallbacks are text
+    browsers in this very terminal)."""
+    for name in ("BROWSER", "DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("sys.platform", "linux")
+    if not offered:
+        del fake.server_document["device_authorization_endpoint"]
+    fake.token_answers = [tokens("access-1")]
+
+    async def no_wait(seconds: float) -> None:
+        pass
+
+    monkeypatch.setattr(asyncio, "sleep", no_wait)
+    out = Terminal()
+    record = await login(
+        LoginOptions(ORIGIN, browser_wait=5), store=store, out=out, opener=pytest.fail, transport=fake.transport()
+    )
+    await out.browser.aclose()
+    assert record.access_token == "access-1"
+    assert fake.token_forms[0]["grant_type"] == (DEVICE_GRANT if offered else "authorization_code")
+    assert ("enter the code WDJB-MJHT" in out.getvalue()) is offered
+    assert ("Open this URL in a browser on this machine" in out.getvalue()) is not offered
+    assert len(out.visits) == (0 if offered else 1)
+
+
 def test_the_store_narrows_a_directory_and_ignores_damaged_records(tmp_path: Path) -> None:
     directory = tmp_path / "tokens"
     directory.mkdir(mode=0o755)

@@ -215,14 +215,15 @@ async def login(
     async with _http(transport=transport) as http:
         resource, server = await discover(http, options.url)
         scopes = default_scopes(resource, options.scopes)
-        device = options.device or (
-            options.open_browser and not browser_available() and server.device_authorization_endpoint is not None
-        )
+        # No browser here (an ssh session): the device flow where offered, else the URL to open.
+        browser = options.open_browser and browser_available()
+        offered = server.device_authorization_endpoint is not None
+        device = options.device or (options.open_browser and not browser and offered)
         print(f"Signing in to {resource.resource} at {server.issuer} (scopes: {' '.join(scopes)})", file=say)
         if device:
             answer = await _device_flow(http, resource, server, options, scopes, say)
         else:
-            answer = await _code_flow(http, resource, server, options, scopes, say, opener)
+            answer = await _code_flow(http, resource, server, options, scopes, say, opener if browser else None)
     now = time.time()
     record = LoginRecord(
         resource=resource.resource,
@@ -247,8 +248,9 @@ async def _code_flow(
     options: LoginOptions,
     scopes: list[str],
     say: TextIO,
-    opener: Callable[[str], object],
+    opener: Callable[[str], object] | None,
 ) -> TokenResponse:
+    """The authorization code flow; `opener` opens the browser (None: the URL is printed)."""
     verifier, challenge = pkce_pair()
     state = secrets.token_urlsafe(24)
     page = f"Signed in to {resource.resource}: you can close this window and go back to the terminal."
@@ -262,7 +264,7 @@ async def _code_flow(
             code_challenge=challenge,
             resource=resource.resource,
         )
-        if options.open_browser:
+        if opener is not None:
             print(f"Opening the browser. If it does not open, go to this URL on this machine:\n  {url}", file=say)
             opener(url)
         else:
