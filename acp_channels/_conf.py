@@ -202,9 +202,15 @@ class AcpSettings:
     # yield Django users. None: any authenticated user.
     REQUIRED_PERMISSION: Setting[str | None] = Setting(None, "acp_channels.E023")
     # Every this many seconds each process asks whether the credentials of its live connections
-    # still hold (a token revoked or expired, a user deactivated or without REQUIRED_PERMISSION)
-    # and ends those that do not (reason "revoked"). None: never (their next request is refused).
+    # still hold: it ends those revoked (a token revoked or deleted, a user deactivated or without
+    # REQUIRED_PERMISSION; reason "revoked") and closes the streams of those expired (the
+    # connection lives: a new token of the same principal resumes it). None: never (their next
+    # request is refused).
     REVALIDATE_SECONDS = OptionalNumber(5.0, float, "acp_channels.E060")
+    # A connection whose credential expires within this many seconds is told so, once per
+    # credential: the notification _acp-channels/auth_expiring {expiresAt} on its connection
+    # stream (or socket), for the client to get a new token in time. None: no notice.
+    AUTH_EXPIRING_SECONDS = OptionalNumber(60.0, float, "acp_channels.E062")
     # A dotted path to that check, sync or async: principals -> those no longer valid. None:
     # the built-in one (acp_channels.tokens' tokens, Django users' REQUIRED_PERMISSION).
     REVALIDATE: Setting[str | None] = Setting(None, "acp_channels.E061")

@@ -59,6 +59,11 @@ REATTACH = 1012
 #: WebSocket close code: another socket reattached to this connection.
 TAKEN_OVER = 4409
 TAKEN_OVER_REASON = "another socket resumed this connection"
+#: WebSocket close code: the connection's credential expired; the connection lives for
+#: WEBSOCKET_RESUME_SECONDS: reattach with a new token of the same principal
+#: (docs/authentication.md, expiry). As 4000 + 401, the status its credential now gets.
+CREDENTIAL_EXPIRED = 4401
+CREDENTIAL_EXPIRED_REASON = "credential expired; reattach with a new token"
 #: A refused reattach where the server cannot answer an upgrade with an HTTP status (no ASGI
 #: denial-response extension): accepted, then closed with 4000 + the status, the text as reason.
 REFUSAL_CLOSE_BASE = 4000
@@ -375,6 +380,8 @@ class AcpWebsocketConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self.close()
         elif end == "taken":
             await self.close(code=TAKEN_OVER, reason=TAKEN_OVER_REASON)
+        elif end == "expired":
+            await self.close(code=CREDENTIAL_EXPIRED, reason=CREDENTIAL_EXPIRED_REASON)
         elif end == "gone":
             await self.close(code=INTERNAL_ERROR, reason="the connection's host is unreachable")
         else:  # lost, draining: the connection lives on

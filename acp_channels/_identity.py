@@ -8,6 +8,7 @@ are resolved to a principal at the edge.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -20,12 +21,16 @@ class Principal:
     token with no user, "anonymous"), `id` is unique within it, `display` is for logs only
     (never compared). `credential` names what it authenticated with, never the secret (e.g.
     "acp_tokens:42", the built-in token 42; "" for none): what the credential sweep asks about
-    (`acp_channels._revalidate`); never compared either."""
+    (`acp_channels._revalidate`); never compared either. `expires_at` is when that credential
+    stops being valid (seconds since the epoch), if the authenticator knows: the host tells the
+    client before (`_acp-channels/auth_expiring`) and closes the connection's streams then
+    (docs/authentication.md, expiry); not compared."""
 
     kind: str
     id: str
     display: str = ""
     credential: str = ""
+    expires_at: float | None = None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Principal) and (self.kind, self.id) == (other.kind, other.id)
@@ -39,18 +44,31 @@ class Principal:
 
     def to_wire(self) -> list[str]:
         wire = [self.kind, self.id, self.display]
+        if self.expires_at is not None:
+            return [*wire, self.credential, repr(self.expires_at)]
         return [*wire, self.credential] if self.credential else wire
 
     @classmethod
     def from_wire(cls, value: Any) -> Principal:
-        if not isinstance(value, list | tuple) or len(value) not in (3, 4):
-            raise ValueError("a principal is [kind, id, display] or [kind, id, display, credential]")
-        kind, principal_id, display, *credential = value
-        return cls(str(kind), str(principal_id), str(display), str(credential[0]) if credential else "")
+        if not isinstance(value, list | tuple) or len(value) not in (3, 4, 5):
+            raise ValueError("a principal is [kind, id, display], then its credential and when that expires")
+        kind, principal_id, display, *rest = value
+        credential = str(rest[0]) if rest else ""
+        expires_at = float(rest[1]) if len(rest) > 1 else None  # ValueError for what is not a number
+        if expires_at is not None and not math.isfinite(expires_at):
+            raise ValueError("a principal's expiry is a finite number")
+        return cls(str(kind), str(principal_id), str(display), credential, expires_at)
 
 
 #: Everyone, when no authentication is configured (ACP_CHANNELS["AUTHENTICATE"] is None).
 ANONYMOUS: Final = Principal("anonymous", "")
+
+#: A principal with the credential it authenticated with (principals compare without it).
+CredentialKey = tuple[str, str, str]
+
+
+def credential_key(principal: Principal) -> CredentialKey:
+    return (principal.kind, principal.id, principal.credential)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +80,29 @@ class AgentContext:
     connection_id: str
     transport: TransportKind
     remote_address: str | None = None
+
+
+#: Why a credential no longer holds: "revoked" ends its connections, "expired" closes their
+#: streams (a new credential of the same principal resumes them).
+Ending = Literal["revoked", "expired"]
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What stands of one credential: `ended` says why it no longer holds (None: it holds), and
+    `expires_at` when it expires (seconds since the epoch; None: never, or not known)."""
+
+    ended: Ending | None = None
+    expires_at: float | None = None
+
+
+REVOKED: Final = Standing("revoked")
+
+
+def standing_of_expiry(expires_at: float | None, now: float) -> Standing:
+    """A credential that is not revoked: expired once `expires_at` has come, else holding."""
+    return Standing("expired" if expires_at is not None and expires_at <= now else None, expires_at)
+
+
+#: What stands of each credential, by `credential_key`.
+Standings = dict[CredentialKey, Standing]

@@ -1,14 +1,17 @@
 """Whether the credentials of live connections still hold: the built-in REVALIDATE check.
 
-A connection keeps the principal it was opened with; the credential sweep
-(`acp_channels._host.credentials`) asks, every REVALIDATE_SECONDS in each process, which of the
-principals of its connections are no longer valid, and ends their connections. This is the
-check it asks unless REVALIDATE names another: a principal carrying a token of
-`acp_channels.tokens` (or a django-oauth-toolkit access token, acp_channels.oauth) is invalid
-once the token is revoked, expired or deleted, or its user inactive; a Django user ("user"
-principal of `django_user`, or of such a token) once it lacks REQUIRED_PERMISSION. One query
-per kind of question for the whole set, not one per connection. Other principals (settings
-tokens, a custom lookup's) are left alone.
+A connection keeps the principal it was opened with (or last rebound to: docs/authentication.md,
+expiry); the credential sweep (`acp_channels._host.credentials`) asks, every REVALIDATE_SECONDS
+in each process, what stands of the credentials of its connections' principals: revoked (the
+connection ends), expired (its streams close; the connection lives), or holding, with when it
+expires where that is known. This is the check it asks unless REVALIDATE names another: a
+principal carrying a token of `acp_channels.tokens` (or a django-oauth-toolkit access token,
+acp_channels.oauth) is revoked once the token is revoked or deleted, or its user inactive, and
+expired once past its `expires`; a Django user ("user" principal of `django_user`, or of such a
+token) is revoked once it lacks REQUIRED_PERMISSION. One query per kind of question for the
+whole set, not one per connection. Other principals (settings tokens, a custom lookup's) are
+left alone: their own `expires_at` is all that is known of them. A REVALIDATE check of the site's
+returns the principals no longer valid: they are revoked.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from django.db import close_old_connections
 
 from acp_channels._checks import DJANGO_USER_AUTHENTICATOR, TOKENS_APP
 from acp_channels._conf import acp_settings
-from acp_channels._identity import Principal
+from acp_channels._identity import REVOKED, Ending, Principal, Standings, credential_key
 from acp_channels._startup import MODEL_BACKEND
 from acp_channels.auth import _callable, call_maybe_async, user_has_permission
 
@@ -31,14 +34,15 @@ from acp_channels.auth import _callable, call_maybe_async, user_has_permission
 CREDENTIAL_PREFIX = "acp_tokens:"
 
 
-async def invalid_principals(principals: Collection[Principal]) -> list[Principal]:
-    """The REVALIDATE check: of `principals`, those no longer valid (a list: principals compare
-    without their credential)."""
+async def credential_standings(principals: Collection[Principal]) -> Standings:
+    """The REVALIDATE check, by `credential_key`: what stands of the credentials it knows of
+    (one it does not name: as its principal says, `Principal.expires_at`)."""
     try:
         path = acp_settings.REVALIDATE
         if path is not None:
-            return list(await call_maybe_async(_callable(path), list(principals)) or ())
-        return await builtin_check(principals)
+            invalid = await call_maybe_async(_callable(path), list(principals)) or ()
+            return {credential_key(principal): REVOKED for principal in invalid}
+        return await builtin_standings(principals)
     finally:
         # The sweep's database connection is no request's: closed as a request's would be
         # (CONN_MAX_AGE), and never kept broken.
@@ -46,28 +50,40 @@ async def invalid_principals(principals: Collection[Principal]) -> list[Principa
 
 
 async def builtin_check(principals: Collection[Principal]) -> list[Principal]:
-    """Tokens of acp_channels.tokens, and REQUIRED_PERMISSION of Django users."""
-    invalid: list[Principal] = []
+    """Of `principals`, those whose credential no longer holds, revoked or expired (a list:
+    principals compare without their credential)."""
+    standings = await builtin_standings(principals)
+    return [principal for principal in principals if _ended(standings, principal) is not None]
+
+
+def _ended(standings: Standings, principal: Principal) -> Ending | None:
+    standing = standings.get(credential_key(principal))
+    return None if standing is None else standing.ended
+
+
+async def builtin_standings(principals: Collection[Principal]) -> Standings:
+    """Tokens of acp_channels.tokens and of django-oauth-toolkit, and REQUIRED_PERMISSION of
+    Django users (one without it is revoked, whatever its token)."""
+    standings: Standings = {}
     tokens = apps.is_installed(TOKENS_APP)  # its models import only where it is installed
     ours = [principal for principal in principals if tokens and principal.credential.startswith(CREDENTIAL_PREFIX)]
     if ours:
-        from acp_channels.tokens._lookup import invalid_tokens
+        from acp_channels.tokens._lookup import token_standings
 
-        invalid += await invalid_tokens(ours)
+        standings.update(await token_standings(ours))
     if apps.is_installed("oauth2_provider"):  # DOT access tokens (acp_channels.oauth)
         from acp_channels.oauth import CREDENTIAL_PREFIX as OAUTH_TOKEN
-        from acp_channels.oauth import invalid_tokens as invalid_oauth_tokens
+        from acp_channels.oauth import token_standings as oauth_token_standings
 
         carrying = [principal for principal in principals if principal.credential.startswith(OAUTH_TOKEN)]
         if carrying:
-            invalid += await invalid_oauth_tokens(carrying)
+            standings.update(await oauth_token_standings(carrying))
     permission = acp_settings.REQUIRED_PERMISSION
-    ended = {principal.credential for principal in invalid}
     users = [
         principal
         for principal in principals
         if principal.kind == "user"
-        and principal.credential not in ended
+        and _ended(standings, principal) != "revoked"
         and (
             (tokens and principal.credential.startswith(CREDENTIAL_PREFIX))
             or principal.credential.startswith("oauth2_provider:")
@@ -76,8 +92,8 @@ async def builtin_check(principals: Collection[Principal]) -> list[Principal]:
     ]
     if permission is not None and users:
         allowed = await permitted_users({principal.id for principal in users}, permission)
-        invalid += [principal for principal in users if principal.id not in allowed]
-    return invalid
+        standings.update({credential_key(principal): REVOKED for principal in users if principal.id not in allowed})
+    return standings
 
 
 async def permitted_users(user_ids: set[str], permission: str) -> set[str]:

@@ -333,7 +333,9 @@ class EventStreamResponse(StreamingHttpResponse):
 
 
 async def sse_body(lease: StreamReader, keepalive: float) -> AsyncGenerator[bytes, None]:
-    """The events of one leased stream; ends once the connection is closed and drained.
+    """The events of one leased stream; ends once the connection is closed and drained, or
+    once its credential expired (after a comment saying so: the connection lives, a new token
+    resumes the stream; docs/authentication.md, expiry).
 
     The opening comment makes daphne send the status line and headers at once: clients wait
     for them before they POST (§13).
@@ -349,6 +351,8 @@ async def sse_body(lease: StreamReader, keepalive: float) -> AsyncGenerator[byte
                 yield b"".join(protocol.sse_event(item, event_id(tag, seq)) for seq, item in enumerate(items, first))
             else:
                 yield protocol.SSE_KEEPALIVE
+        if lease.end_reason == "expired":
+            yield protocol.SSE_EXPIRED
     finally:
         lease.release()
         lifecycle.stream_closed()

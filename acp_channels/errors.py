@@ -352,7 +352,7 @@ EndReason = Literal[
     "initialize failed",
     "send failed",
     "fell behind",
-    "revoked",  # its credential no longer holds (REVALIDATE_SECONDS)
+    "revoked",  # its credential was revoked (REVALIDATE_SECONDS; an expired one ends nothing)
 ]
 
 

@@ -17,6 +17,7 @@ missing).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
@@ -27,7 +28,7 @@ from django.urls import NoReverseMatch, reverse
 
 from acp_channels._conf import acp_settings
 from acp_channels._cors import ENDPOINT_URL_NAME
-from acp_channels._identity import Principal
+from acp_channels._identity import REVOKED, Principal, Standings, credential_key, standing_of_expiry
 from acp_channels._protocol import ATTACH_ROLE_HEADER, ATTACH_ROLE_QUERY, ATTACH_SESSION_HEADER, ATTACH_SESSION_QUERY
 from acp_channels.auth import RequestContext, user_principal
 from acp_channels.errors import DEFAULT_CHALLENGE, INVALID_TOKEN, Refused
@@ -132,25 +133,43 @@ async def access_token(context: RequestContext) -> Principal:
         application = found.application
         client_id = str(getattr(application, "client_id", "") or "")
         principal = Principal("oauth-client", client_id, str(getattr(application, "name", "") or client_id))
-    # The credential sweep ends its connections once the token is revoked or expires.
-    return dataclasses.replace(principal, credential=f"{CREDENTIAL_PREFIX}{found.pk}")
+    # The credential sweep ends its connections once the token is revoked, and closes their
+    # streams once it expires (the host tells the client before: docs/authentication.md).
+    expires = getattr(found, "expires", None)
+    expires_at = expires.timestamp() if expires is not None else None
+    return dataclasses.replace(principal, credential=f"{CREDENTIAL_PREFIX}{found.pk}", expires_at=expires_at)
+
+
+async def token_standings(principals: Collection[Principal]) -> Standings:
+    """For the credential sweep (acp_channels._revalidate): what stands of the DOT access tokens
+    `principals` carry (`CREDENTIAL_PREFIX`), in one query for them all. Revoked: DOT deleted
+    the token (it does on revocation), or its user is inactive; expired: past its `expires`;
+    else it holds until then (read again: a changed `expires` is followed)."""
+    rows = await sync_to_async(_token_rows)({_token_id(principal) for principal in principals})
+    now = time.time()
+    standings: Standings = {}
+    for principal in principals:
+        found = rows.get(_token_id(principal))
+        usable = found is not None and found[1]
+        standing = standing_of_expiry(found[0], now) if found is not None and usable else REVOKED
+        standings[credential_key(principal)] = standing
+    return standings
 
 
 async def invalid_tokens(principals: Collection[Principal]) -> list[Principal]:
-    """For the credential sweep (acp_channels._revalidate): of principals carrying a DOT access
-    token (`CREDENTIAL_PREFIX`), those whose token was revoked (DOT deletes it), has expired, or
-    whose user is inactive. One query for all of them."""
-    valid = await sync_to_async(_valid_token_ids)({_token_id(principal) for principal in principals})
-    return [principal for principal in principals if _token_id(principal) not in valid]
+    """Of principals carrying a DOT access token, those whose token was revoked (DOT deletes
+    it), has expired, or whose user is inactive (`token_standings`, said shortly)."""
+    standings = await token_standings(principals)
+    return [principal for principal in principals if standings[credential_key(principal)].ended is not None]
 
 
 def _token_id(principal: Principal) -> str:
     return principal.credential.removeprefix(CREDENTIAL_PREFIX)
 
 
-def _valid_token_ids(ids: set[str]) -> set[str]:
-    from django.db.models import Q
-    from django.utils import timezone
+def _token_rows(ids: set[str]) -> dict[str, tuple[float, bool]]:
+    """Token id -> (when it expires, whether its user is active or it has none), for the tokens
+    of `ids` that exist."""
     from oauth2_provider.models import get_access_token_model
 
     model: Any = get_access_token_model()
@@ -160,9 +179,8 @@ def _valid_token_ids(ids: set[str]) -> set[str]:
             pks.append(model._meta.pk.to_python(token_id))
         except Exception:  # not a key of this model: not a token of it
             continue
-    found = model.objects.filter(pk__in=pks, expires__gt=timezone.now())
-    found = found.filter(Q(user__isnull=True) | Q(user__is_active=True))
-    return {str(pk) for pk in found.values_list("pk", flat=True)}
+    found = model.objects.filter(pk__in=pks).values_list("pk", "expires", "user_id", "user__is_active")
+    return {str(pk): (expires.timestamp(), user is None or bool(active)) for pk, expires, user, active in found}
 
 
 def refuse_unless_granted(context: RequestContext, scopes: Iterable[str]) -> None:

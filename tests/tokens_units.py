@@ -20,10 +20,11 @@ from django.test import Client
 from django.utils import timezone
 
 from acp_channels._host.credentials import CredentialSweep
-from acp_channels._identity import Principal
-from acp_channels._revalidate import builtin_check
+from acp_channels._identity import REVOKED, Principal, Standing, credential_key
+from acp_channels._revalidate import builtin_check, builtin_standings
 from acp_channels.auth import RequestContext, authenticate
 from acp_channels.errors import Refused
+from acp_channels.tokens._lookup import lookup
 from acp_channels.tokens.models import CONNECT, CONTROL, OBSERVE, AgentToken, token_digest
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -252,6 +253,45 @@ def test_builtin_check_finds_revoked_expired_and_unpermitted_credentials() -> No
     alice.user_permissions.clear()
     invalid = asyncio.run(builtin_check(principals))
     assert sorted(p.credential for p in invalid) == sorted([kept.credential, revoked.credential, expiring.credential])
+
+
+def test_builtin_standings_tell_an_expired_token_from_a_revoked_one() -> None:
+    """An expiry closes a connection's streams (a new token resumes it); a revocation, a deleted
+    token, an inactive user or a lost permission ends it, expired or not."""
+    alice, bob = user("alice"), user("bob")
+    soon = timezone.now() + timedelta(minutes=5)
+    holding, _ = AgentToken.create(alice, "holding", expires=soon)
+    forever, _ = AgentToken.create(alice, "forever")
+    expired, _ = AgentToken.create(alice, "expired", expires=soon)
+    revoked, _ = AgentToken.create(alice, "revoked", expires=soon)
+    deleted, _ = AgentToken.create(alice, "deleted")
+    of_inactive, _ = AgentToken.create(bob, "of an inactive user", expires=soon)
+    tokens = (holding, forever, expired, revoked, deleted, of_inactive)
+    principals = [principal_of(token) for token in tokens]
+    AgentToken.objects.filter(pk=expired.pk).update(expires=timezone.now() - timedelta(seconds=1))
+    AgentToken.objects.filter(pk=revoked.pk).update(revoked=True, expires=timezone.now() - timedelta(seconds=1))
+    AgentToken.objects.filter(pk=deleted.pk).delete()
+    User.objects.filter(pk=bob.pk).update(is_active=False)
+    standings = asyncio.run(builtin_standings(principals))
+    by_name = {token.name: standings[credential_key(principal_of(token))] for token in tokens}
+    assert by_name["holding"] == Standing(None, soon.timestamp())  # its expiry, for the notice
+    assert by_name["forever"] == Standing(None, None)
+    assert by_name["expired"].ended == "expired"
+    assert [by_name[name] for name in ("revoked", "deleted", "of an inactive user")] == [REVOKED] * 3
+    # An expired token of a user who lost the permission: revoked (the end wins).
+    alice.user_permissions.clear()
+    standings = asyncio.run(builtin_standings(principals[:3]))
+    assert [standings[credential_key(principal)] for principal in principals[:3]] == [REVOKED] * 3
+
+
+def test_the_lookup_says_when_the_token_expires() -> None:
+    soon = timezone.now() + timedelta(minutes=5)
+    token, secret = AgentToken.create(user("alice"), "laptop", expires=soon)
+    found = asyncio.run(lookup(secret))
+    assert found is not None and found.credential == token.credential and found.expires_at == soon.timestamp()
+    _, forever = AgentToken.create(token.user, "forever")
+    found = asyncio.run(lookup(forever))
+    assert found is not None and found.expires_at is None
 
 
 class FakeHost:

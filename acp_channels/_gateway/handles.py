@@ -36,13 +36,19 @@ class StreamReader(Protocol):
 
     async def take(self, timeout: float | None) -> Delivery | None: ...
 
+    @property
+    def end_reason(self) -> str:
+        """Why `take` returned None ("expired": the connection's credential; the stream ends
+        with a comment saying so)."""
+
     def release(self) -> None: ...
 
 
 #: Why a socket's `take` returned None: the connection ended (its output all taken), another
 #: socket took the connection over, the host forgot this socket's lease (it was silent too long),
-#: the host's worker is gone, or this worker is shutting down.
-SocketEnd = Literal["ended", "taken", "lost", "gone", "draining"]
+#: the host's worker is gone, this worker is shutting down, or the connection's credential
+#: expired (the host sent its readers away: acp_channels._host.expiry).
+SocketEnd = Literal["ended", "taken", "lost", "gone", "draining", "expired"]
 #: The end reasons a socket's own end may give its connection (a clean close, a failed send).
 SOCKET_END_REASONS: frozenset[str] = frozenset(("socket closed", "send failed"))
 
@@ -78,6 +84,17 @@ class HostHandle(Protocol):
 
 def owned_host(connection_id: str, principal: Principal) -> ConnectionHost | None:
     """The host of a connection in this process if `principal` owns it; None otherwise, the
-    same answer as for an id that does not exist (a stolen id tells nothing)."""
+    same answer as for an id that does not exist (a stolen id tells nothing).
+
+    A request of the owner with another credential (a refreshed token) rebinds the connection
+    to it: the credential sweep asks about that one from now on (its revocation, its expiry,
+    its notice; docs/authentication.md, expiry). Principals compare without their credential."""
     host = registry.get(connection_id)
-    return host if host is not None and host.principal == principal else None
+    if host is None or host.principal != principal:
+        return None
+    bound = host.principal
+    if (bound.credential, bound.expires_at) != (principal.credential, principal.expires_at):
+        host.principal = principal
+        registry.credentials.ensure(principal)
+        logger.debug("connection %s: rebound to another credential of %s", connection_id, principal)
+    return host

@@ -242,7 +242,7 @@ class LocalSocket:
     async def take(self, timeout: float | None) -> Delivery | None:
         items = await self.host.socket_outbox.take(timeout, holder=self.holder)
         if items is None and not self.host.ended.is_set() and not self.host.holds_socket(self.holder):
-            self.end_reason = "taken"
+            self.end_reason = "expired" if self.host.socket_outbox.eviction_of(self.holder) else "taken"
         return items
 
     async def send_to_agent(self, text: str) -> None:

@@ -256,7 +256,9 @@ class RemoteStream:
                 return Delivery(list(batch.items), batch.first)
             if self._end is not None:
                 reason = self._end.reason
-                self.end_reason = "taken" if reason == "taken" else "lost" if reason else "ended"
+                self.end_reason = "ended" if not reason else "taken" if reason == "taken" else "lost"
+                if reason == "expired":  # the host sent its readers away; the connection lives
+                    self.end_reason = "expired"
                 return None
             now = loop.time()
             if deadline is not None and now >= deadline:

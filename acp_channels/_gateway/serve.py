@@ -130,8 +130,9 @@ class LeaseOnHost:
                 room = max(1, PUSH_CREDIT_BYTES - self.unacked_bytes)
                 items = await self.mailbox.take(None, min(room, MAX_TAKE_BYTES), holder=self, settle=False)
                 if items is None:  # the stream ended (closed and drained), or another reader took it
-                    taken = not self.holding
-                    await bus.push(self.reader_worker, PushEnded(self.lease_id, "taken" if taken else None))
+                    taken = not self.holding  # or the host sent this reader away (an expired credential)
+                    why = self.mailbox.eviction_of(self) or ("taken" if taken else None)
+                    await bus.push(self.reader_worker, PushEnded(self.lease_id, why))
                     if taken:
                         self.end()
                     return  # else the lease stays until the reader releases it (or goes silent)

@@ -18,7 +18,6 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final
 
 from acp_channels import _journal
 from acp_channels import _metrics as metrics
@@ -29,7 +28,7 @@ from acp_channels._handoff import LazyEvent
 from acp_channels._host.attachments import SharedSessions, detached_check, detached_seconds, held_back
 from acp_channels._host.budget import OutboundBudget, WorkerBudget
 from acp_channels._host.extensions import answered_here
-from acp_channels._host.mailbox import Mailbox, SocketOutbox, StreamLease
+from acp_channels._host.mailbox import FORGOTTEN_STREAMS, Mailbox, SocketOutbox, StreamLease
 from acp_channels._host.oversize import OversizeRefusals, largest_agent_message
 from acp_channels._host.requests import PendingRequests, too_many_requests_reply
 from acp_channels._host.resume import InitializeReply, advertise_server_meta, count_socket_replies
@@ -40,9 +39,6 @@ from acp_channels._protocol import Frame, InboundPlan, StreamKey
 from acp_channels.errors import AgentEnded, EndReason, StreamBusy, TooManyRequests, TooManyStreams
 
 logger = logging.getLogger("acp_channels.host")
-
-#: Forgotten streams a connection remembers the last event id of (see ConnectionHost._forgotten).
-FORGOTTEN_STREAMS: Final = 1024
 
 
 class ConnectionHost:
@@ -455,11 +451,15 @@ class ConnectionHost:
     # -- lifetime ----------------------------------------------------------------------------
 
     @property
+    def mailboxes(self) -> list[Mailbox]:
+        """The streams held now: a WebSocket's outbox (once made), or the SSE streams."""
+        outbox: list[Mailbox] = [self._socket_outbox] if self._socket_outbox is not None else []
+        return outbox if self.transport == "websocket" else list(self._streams.values())
+
+    @property
     def attachments(self) -> int:
-        """Readers attached now: the socket, or each stream's reader."""
-        streams = [self._socket_outbox] if self.transport == "websocket" else list(self._streams.values())
-        taps = self.shared.count if self.shared is not None else 0
-        return taps + sum(1 for mailbox in streams if mailbox is not None and mailbox.leased)
+        """Readers attached now: the socket, or each stream's reader; other clients' taps."""
+        return (self.shared.count if self.shared is not None else 0) + sum(box.leased for box in self.mailboxes)
 
     def idle_since(self, now: float) -> float:
         """Seconds without POSTs and without any stream reader (a reader keeps it alive). A

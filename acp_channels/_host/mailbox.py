@@ -19,6 +19,8 @@ from acp_channels.errors import ReplayUnavailable, StreamBusy
 #: One take hands a reader at most about this much output (or one larger item), so what the
 #: server holds for a slow socket is bounded by a batch, not by everything queued.
 TAKE_BYTES: Final = 256 * 1024
+#: Forgotten streams a connection remembers the last event id of (see ConnectionHost._forgotten).
+FORGOTTEN_STREAMS: Final = 1024
 
 
 class Delivery(list[str]):
@@ -66,6 +68,8 @@ class Mailbox:
         self._on_idle = on_idle
         self._wakeup = LazyEvent()
         self._holder: object | None = None
+        # The last reader sent away without the stream ending (`evict`), and why.
+        self._evicted: tuple[object, str] | None = None
         self.closed = False
         #: Names this stream in its event ids; a stream made again after being forgotten has a new one.
         self.tag = tag if tag is not None else secrets.token_hex(4)
@@ -168,6 +172,25 @@ class Mailbox:
         self._holder = None
         self._wakeup.set()  # a take waiting for items sees it lost the lease
         return self.acquire(holder)
+
+    def evict(self, reason: str) -> bool:
+        """Send the reader away without ending the stream (its connection's credential expired):
+        its next take returns None, and `eviction_of` its holder gives `reason`. What it took
+        counts as delivered and stays in the replay window (a reader resuming after it gets it
+        again), what is queued waits for the next reader: as when a reader leaves. False when
+        nobody reads."""
+        holder = self._holder
+        if holder is None:
+            return False
+        self._evicted = (holder, reason)
+        self.release(holder)
+        self._wakeup.set()  # a take waiting for items sees it lost the lease
+        return True
+
+    def eviction_of(self, holder: object) -> str | None:
+        """Why `holder` was sent away (`evict`), if it was the last reader sent away."""
+        evicted = self._evicted
+        return evicted[1] if evicted is not None and evicted[0] is holder else None
 
     def resume(self, last_seq: int, shown_id: str) -> None:
         """Hand out again everything after item `last_seq`, which the reader says it got.
@@ -388,6 +411,11 @@ class StreamLease:
 
     async def take(self, timeout: float | None) -> Delivery | None:
         return await self._mailbox.take(timeout, holder=self._token)
+
+    @property
+    def end_reason(self) -> str:
+        """Why `take` returned None: "expired" (the connection's credential), else "ended"."""
+        return self._mailbox.eviction_of(self._token) or "ended"
 
     def release(self) -> None:
         self._mailbox.release(self._token)

@@ -31,7 +31,8 @@ class Registry:
         self._reaper: asyncio.Task[None] | None = None
         self.budget = WorkerBudget(lambda: acp_settings.MAX_WORKER_BUFFERED_BYTES)
         self._empty_waiters: list[asyncio.Future[None]] = []
-        #: Ends the connections whose credential no longer holds (REVALIDATE_SECONDS).
+        #: Ends the connections whose credential is revoked, closes the streams of those whose
+        #: credential expired, tells those about to (REVALIDATE_SECONDS, AUTH_EXPIRING_SECONDS).
         self.credentials = CredentialSweep(self.__iter__)
 
     def __len__(self) -> int:

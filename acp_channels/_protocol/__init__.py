@@ -17,6 +17,7 @@ from acp_channels._protocol.base import (
     ATTACH_ROLE_QUERY,
     ATTACH_SESSION_HEADER,
     ATTACH_SESSION_QUERY,
+    AUTH_EXPIRING_NOTIFICATION,
     CANCEL_REQUEST_METHOD,
     CONNECTION_HEADER,
     CONNECTION_STREAM,
@@ -99,6 +100,7 @@ from acp_channels._protocol.routing import (
     route_outbound,
 )
 from acp_channels._protocol.sse import (
+    SSE_EXPIRED,
     SSE_KEEPALIVE,
     SSE_OPENING,
     ascii_json,
@@ -118,6 +120,7 @@ __all__ = [
     "ATTACH_ROLE_QUERY",
     "ATTACH_SESSION_HEADER",
     "ATTACH_SESSION_QUERY",
+    "AUTH_EXPIRING_NOTIFICATION",
     "CANCEL_REQUEST_METHOD",
     "CONNECTION_HEADER",
     "CONNECTION_STREAM",
@@ -146,6 +149,7 @@ __all__ = [
     "SESSION_REQUIRED",
     "SESSION_SCOPED_METHODS",
     "SLICE_ENTRIES",
+    "SSE_EXPIRED",
     "SSE_KEEPALIVE",
     "SSE_OPENING",
     "SUCCESSOR_METHOD",

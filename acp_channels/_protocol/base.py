@@ -20,6 +20,10 @@ RECEIVED_HEADER: Final = "acp-received"
 #: `?acp_received=message`. Not numbered among the server's messages, never replayed.
 RECEIVED_NOTIFICATION: Final = "_acp-channels/received"
 RECEIVED_QUERY: Final = "acp_received"
+#: The notice that the connection's credential expires soon (params.expiresAt, RFC 3339), on the
+#: connection stream or the socket: after the ACP Remote security draft's `auth_expiring`
+#: control record (name provisional; docs/authentication.md, expiry).
+AUTH_EXPIRING_NOTIFICATION: Final = "_acp-channels/auth_expiring"
 RECEIVED_AS_MESSAGE: Final = "message"
 #: An initialize POST or a WebSocket upgrade that attaches to a live session instead of starting
 #: an agent names it, and the role asked for (docs/shared-sessions.md; provisional). Browsers

@@ -56,6 +56,9 @@ def is_json_content_type(value: str | None) -> bool:
 
 SSE_OPENING: Final = b": \n\n"
 SSE_KEEPALIVE: Final = b": \n\n"
+#: The last line of a stream closed because its connection's credential expired (a comment: an
+#: SSE parser skips it); the connection lives, a new credential resumes the stream.
+SSE_EXPIRED: Final = b": credential expired\n\n"
 
 
 def event_id(tag: str, seq: int) -> str:

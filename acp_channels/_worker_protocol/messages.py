@@ -382,6 +382,10 @@ class Pushed:
 
 @dataclass(frozen=True, slots=True)
 class PushEnded:
+    """The reader's stream ended: None (the connection closed and its output was all taken),
+    "taken" (another reader took it over), "expired" (the connection's credential expired: the
+    host sent its readers away, the connection lives)."""
+
     name: ClassVar[str] = "push-end"
     lease: str
     reason: str | None

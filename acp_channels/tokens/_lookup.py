@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
-from acp_channels._identity import Principal
+from acp_channels._identity import REVOKED, Principal, Standings, credential_key, standing_of_expiry
 from acp_channels.errors import DEFAULT_CHALLENGE, Refused
 from acp_channels.tokens.models import CONNECT, CREDENTIAL_PREFIX, LAST_USED_EVERY, AgentToken, token_digest
 
@@ -20,10 +21,10 @@ NO_CONNECT_SCOPE = "this token may not connect (scope acp:connect)"
 
 
 async def lookup(secret: str) -> Principal | None:
-    """A token's user as a principal ("user", pk) that carries the token (`credential`), after
-    REQUIRED_PERMISSION (403 without) and the scope acp:connect (403 without); None (401
-    invalid_token) for an unknown, revoked or expired token, or an inactive user. Writes
-    `last_used` at most once a minute."""
+    """A token's user as a principal ("user", pk) that carries the token (`credential`) and its
+    expiry (`expires_at`), after REQUIRED_PERMISSION (403 without) and the scope acp:connect
+    (403 without); None (401 invalid_token) for an unknown, revoked or expired token, or an
+    inactive user. Writes `last_used` at most once a minute."""
     found = await _find(secret)
     return None if found is None else found[1]
 
@@ -61,18 +62,31 @@ async def _find(secret: str) -> tuple[AgentToken, Principal] | None:
     if token.last_used is None or now - token.last_used >= LAST_USED_EVERY:
         await AgentToken.objects.filter(pk=token.pk).aupdate(last_used=now)
     principal = await user_principal(token.user)
-    return token, dataclasses.replace(principal, credential=token.credential)
+    return token, dataclasses.replace(principal, credential=token.credential, expires_at=_timestamp(token.expires))
 
 
-async def invalid_tokens(principals: Collection[Principal]) -> list[Principal]:
-    """Of `principals` (those carrying one of these tokens), the ones whose token is no longer
-    usable (revoked, expired, deleted, its user inactive), in one query for them all. A list:
-    principals compare without their credential."""
+async def token_standings(principals: Collection[Principal]) -> Standings:
+    """For the credential sweep: what stands of the tokens `principals` carry, in one query for
+    them all. Revoked: the token is revoked or deleted, or its user inactive; expired: past its
+    `expires`; else it holds, until its `expires` (read again: a changed one is followed)."""
     ids = {
         principal.credential: int(principal.credential.removeprefix(CREDENTIAL_PREFIX))
         for principal in principals
         if principal.credential.removeprefix(CREDENTIAL_PREFIX).isdigit()
     }
-    query = AgentToken.objects.usable().filter(pk__in=set(ids.values())).values_list("pk", flat=True)
-    usable = {pk async for pk in query}
-    return [principal for principal in principals if ids.get(principal.credential) not in usable]
+    rows = AgentToken.objects.filter(pk__in=set(ids.values()))
+    query = rows.values_list("pk", "revoked", "user__is_active", "expires")
+    found = {pk: (revoked, active, expires) async for pk, revoked, active, expires in query}
+    now = timezone.now().timestamp()
+    standings: Standings = {}
+    for principal in principals:
+        row = found.get(ids.get(principal.credential, -1))
+        if row is None or row[0] or not row[1]:
+            standings[credential_key(principal)] = REVOKED
+        else:
+            standings[credential_key(principal)] = standing_of_expiry(_timestamp(row[2]), now)
+    return standings
+
+
+def _timestamp(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
