@@ -7,7 +7,7 @@ and its `authorization_servers`; the first one's issuer gives the RFC 8414 docum
 well-known path inserted before the issuer's path, RFC 8414 §3.1; OpenID discovery as a
 fallback). Both documents are checked as the RFCs require: the resource must be the URL asked
 for (RFC 9728 §3.3), the issuer the one named (RFC 8414 §3.3), and every endpoint https unless
-it is on loopback (RFC 6749 §3.1, §3.2).
+it is on loopback (RFC 6749 §3.1 and RFC 6749 §3.2).
 """
 
 from __future__ import annotations

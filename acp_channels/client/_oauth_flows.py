@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 DEVICE_CODE_GRANT: Final = "urn:ietf:params:oauth:grant-type:device_code"
-#: RFC 8628 §3.2 and §3.5: the polling interval when the server names none, and what
+#: RFC 8628 §3.2 and RFC 8628 §3.5: the polling interval when the server names none, and what
 #: `slow_down` adds to it.
 DEFAULT_INTERVAL: Final = 5.0
 SLOW_DOWN_STEP: Final = 5.0
@@ -329,8 +329,8 @@ async def poll_device_token(
     sleep: Callable[[float], Awaitable[None]] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> TokenResponse:
-    """Poll the token endpoint until the user approved (RFC 8628 §3.4, §3.5): every `interval`
-    seconds, 5 more after each `slow_down`, until `expires_in` has passed (`sleep`, `clock`:
+    """Poll the token endpoint until the user approved (RFC 8628 §3.4 and RFC 8628 §3.5): every
+    `interval` seconds, 5 more after each `slow_down`, until `expires_in` has passed (`sleep`, `clock`:
     asyncio's and the monotonic clock unless a test moves time itself)."""
     sleep = sleep if sleep is not None else asyncio.sleep
     deadline = clock() + device.expires_in
