@@ -540,6 +540,8 @@ class SseReader:
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
         self.comments = 0
+        #: The comments that say something (not the empty keep-alives), in order.
+        self.comment_lines: list[str] = []
         self.error: BaseException | None = None  # set when the body ended abnormally
         self._events: asyncio.Queue[tuple[str | None, Any]] = asyncio.Queue()
         self.last_id: str | None = None
@@ -562,6 +564,8 @@ class SseReader:
                         event_id = None
                 elif line.startswith(":"):
                     self.comments += 1
+                    if line.strip(": "):
+                        self.comment_lines.append(line)
                 elif line.startswith("data:"):
                     data.append(line[5:].removeprefix(" "))
                 elif line.startswith("id:"):

@@ -3,21 +3,27 @@ demo agent, django-oauth-toolkit on the same site with a SQLite database set up 
 `python -m demo_project.oauth setup`). Tokens come from DOT: the authorization code flow with
 PKCE through its endpoints, and `demo_project.oauth.issue` for the ones a test needs (expired,
 narrow scopes). Every refusal with its exact header over HTTP, and over WebSocket (daphne
-answers 403 before accept); a revoked token; attaching with the session scopes; the metadata;
-both official SDK clients with a DOT-issued token.
+answers 403 before accept); a revoked token; a token that expires during a prompt (the notice,
+the streams or the socket closed at expiry, a new token of the same user resuming them);
+attaching with the session scopes; the metadata; both official SDK clients with a DOT-issued
+token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import datetime
 import hashlib
 import json
 import os
 import re
 import secrets
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +33,10 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests import oauth_browser
-from tests.live import JSON, ROOT, SSE, DaphneServer, reserved_port, rpc, wait_for_line
+from tests.live import JSON, ROOT, SSE, DaphneServer, SseReader, open_sse, reserved_port, rpc, wait_for_line
 from tests.test_auth_interop import run_driver
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,7 +45,9 @@ ISSUER = "https://issuer.example/o"
 CONNECT = "acp:connect"
 OBSERVE = "acp:session:observe"
 CONTROL = "acp:session:control"
-#: Tokens issued for the tests: name -> (scope, lifetime in seconds).
+#: A second user of the demo's database, for refusals of another principal.
+OTHER_USER = "mallory"
+#: Tokens issued for the tests: name -> (scope, lifetime in seconds[, user: the demo user's else]).
 ISSUED = {
     "all": (f"{CONNECT} {OBSERVE} {CONTROL}", 3600),
     "connect": (CONNECT, 3600),
@@ -48,13 +56,20 @@ ISSUED = {
     "expired": (f"{CONNECT} {OBSERVE} {CONTROL}", -60),
     "to-revoke": (CONNECT, 3600),
     "to-end": (CONNECT, 3600),
+    # The expiry tests set these tokens' `expires` in the database (a few seconds away).
+    "expiring-http": (CONNECT, 3600),
+    "expiring-ws": (CONNECT, 3600),
+    "renewed": (CONNECT, 3600),
+    "another-user": (CONNECT, 3600, OTHER_USER),
 }
-ISSUE = """
+ISSUE = f"""
 import json, sys
 import django
 django.setup()
+from django.contrib.auth import get_user_model
 from demo_project.oauth import issue
-print(json.dumps({name: issue(scope, seconds) for name, (scope, seconds) in json.loads(sys.argv[1]).items()}))
+get_user_model()._default_manager.get_or_create(username="{OTHER_USER}")
+print(json.dumps({{name: issue(*spec) for name, spec in json.loads(sys.argv[1]).items()}}))
 """
 
 
@@ -62,6 +77,8 @@ print(json.dumps({name: issue(scope, seconds) for name, (scope, seconds) in json
 class OAuthSite:
     server: DaphneServer
     tokens: dict[str, str]
+    #: The demo's SQLite database (DOT's tables), which the expiry tests write to.
+    database: Path
 
     @property
     def origin(self) -> str:
@@ -112,7 +129,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthSite]:
         )
         assert issued.returncode == 0, issued.stderr
         server = DaphneServer(env=env, listen_port=port).start()
-    yield OAuthSite(server, json.loads(issued.stdout))
+    yield OAuthSite(server, json.loads(issued.stdout), Path(env["ACP_DEMO_STATE_DIR"]) / "db.sqlite3")
     server.stop()
     assert server.errors() == [], "".join(server.log)[-6000:]
     log = "".join(server.log)
@@ -380,6 +397,154 @@ async def test_attaching_needs_the_session_scope_of_the_role(site: OAuthSite, ht
             ):
                 pass
         assert refused_ws.value.response.status_code == 403
+
+
+# -- a token that expires (docs/authentication.md, expiry, refresh and revocation) ------------------
+
+AUTH_EXPIRING = "_acp-channels/auth_expiring"
+#: Seconds from setting a token's expiry to the expiry: the notice comes first (the sweep runs
+#: every 0.5 s), a prompt of TICKS ticks runs across it.
+EXPIRES_IN = 2.0
+TICKS, TICK_MS = 14, 250
+#: From the expiry to the stream's end (or the socket's close), on a loaded machine too.
+CLOSES_WITHIN = 8.0
+
+
+def expire_in(site: OAuthSite, token: str, seconds: float) -> float:
+    """Set the access token's `expires` in DOT's table, as a short-lived token of the
+    authorization server would have it (the sweep reads it there); when, since the epoch."""
+    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds)
+    stored = str(moment.replace(tzinfo=None))  # Django's SQLite form: naive UTC
+    with contextlib.closing(sqlite3.connect(site.database, timeout=10)) as database, database:
+        query = "UPDATE oauth2_provider_accesstoken SET expires = ? WHERE token = ?"
+        assert database.execute(query, (stored, token)).rowcount == 1
+    return moment.timestamp()
+
+
+def rfc3339(moment: float) -> str:
+    return datetime.datetime.fromtimestamp(int(moment), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def tick_prompt(session_id: str) -> dict[str, Any]:
+    return {"sessionId": session_id, "prompt": [{"type": "text", "text": f"tick {TICKS} {TICK_MS}"}]}
+
+
+def ticks_in(messages: list[Any]) -> list[str]:
+    return [
+        message["params"]["update"]["content"]["text"]
+        for message in messages
+        if isinstance(message, dict)
+        and message.get("method") == "session/update"
+        and message["params"]["update"].get("sessionUpdate") == "agent_message_chunk"
+    ]
+
+
+async def read_to_end(reader: SseReader) -> list[Any]:
+    events = []
+    while (event := await reader.next_or_end(CLOSES_WITHIN + 10)) is not None:
+        events.append(event)
+    return events
+
+
+async def test_an_expiring_token_closes_the_streams_and_a_new_token_of_the_user_resumes_them(
+    site: OAuthSite, http: httpx.AsyncClient
+) -> None:
+    """The notice with expiresAt; at expiry every SSE stream of the connection ends (after the
+    comment saying why) and the connection lives; the expired token gets 401, another user's
+    404; a new token of the same user resumes both streams after the last event received and
+    gets the prompt's output that ran across the expiry, whole and once, and its POSTs work."""
+    token, renewed, other = site.tokens["expiring-http"], site.tokens["renewed"], site.tokens["another-user"]
+    url = site.server.url
+    opened = await initialize(http, url, token)
+    assert opened.status_code == 200, opened.text
+    connection_id = opened.headers["acp-connection-id"]
+
+    async def send(credential: str, message: dict[str, Any], session_id: str | None = None) -> int:
+        headers = {**JSON, **bearer(credential), "Acp-Connection-Id": connection_id}
+        if session_id is not None:
+            headers["Acp-Session-Id"] = session_id
+        return (await http.post(url, headers=headers, json=message)).status_code
+
+    async with contextlib.AsyncExitStack() as streams:
+        connection = await streams.enter_async_context(open_sse(http, url, connection_id, **bearer(token)))
+        assert await send(token, rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})) == 202
+        session_id = (await connection.next())["result"]["sessionId"]
+        session = await streams.enter_async_context(open_sse(http, url, connection_id, session_id, **bearer(token)))
+        expires_at = expire_in(site, token, EXPIRES_IN)
+        notice = await connection.next(CLOSES_WITHIN)
+        assert notice == {"jsonrpc": "2.0", "method": AUTH_EXPIRING, "params": {"expiresAt": rfc3339(expires_at)}}
+        assert time.time() < expires_at  # told before
+        assert await send(token, rpc(2, "session/prompt", tick_prompt(session_id)), session_id) == 202
+        before = await read_to_end(session)  # ended by the server at expiry
+        assert await read_to_end(connection) == []
+        assert time.time() >= expires_at - 0.5  # not before it (the clocks of two processes)
+        assert session.comment_lines[-1:] == connection.comment_lines[-1:] == [": credential expired"]
+        last_session_event, last_connection_event = session.last_id, connection.last_id
+    assert not [line for line in site.server.log if f"connection={connection_id} " in line and "ended" in line]
+
+    refused = await http.get(url, headers={**SSE, **bearer(token), "Acp-Connection-Id": connection_id})
+    assert refused.status_code == 401 and 'error="invalid_token"' in refused.headers["www-authenticate"]
+    resume = {"Acp-Connection-Id": connection_id, "Acp-Session-Id": session_id, "Last-Event-ID": last_session_event}
+    assert (await http.get(url, headers={**SSE, **bearer(other), **resume})).status_code == 404
+    assert await send(other, rpc(3, "session/new", {"cwd": "/tmp", "mcpServers": []})) == 404
+
+    # The new token: the rest of the turn, and the connection answers it.
+    after: list[Any] = []
+    extra = {**bearer(renewed), "Last-Event-ID": str(last_session_event)}
+    async with open_sse(http, url, connection_id, session_id, **extra) as resumed:
+        while (message := await resumed.next(30)).get("id") != 2:
+            after.append(message)
+        assert message["result"]["stopReason"] == "end_turn"
+    assert ticks_in(before) + ticks_in(after) == [f"tick {index}\n" for index in range(1, TICKS + 1)]
+    assert ticks_in(after), "the turn ran across the expiry: some of it came after"
+    assert await send(renewed, rpc(4, "session/new", {"cwd": "/tmp", "mcpServers": []})) == 202
+    extra = {**bearer(renewed), "Last-Event-ID": str(last_connection_event)}
+    async with open_sse(http, url, connection_id, **extra) as resumed:
+        assert (await resumed.next())["id"] == 4  # nothing told twice
+    assert (await http.delete(url, headers={**bearer(renewed), "Acp-Connection-Id": connection_id})).status_code == 202
+
+
+async def test_an_expiring_token_closes_the_socket_with_4401_and_a_new_token_reattaches(
+    site: OAuthSite, http: httpx.AsyncClient
+) -> None:
+    token, renewed, other = site.tokens["expiring-ws"], site.tokens["renewed"], site.tokens["another-user"]
+    received: list[dict[str, Any]] = []
+
+    async def answer(ws: ClientConnection, request_id: int) -> dict[str, Any]:
+        while True:
+            message = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            received.append(message)
+            if message.get("id") == request_id and "method" not in message:
+                return message
+
+    async with connect(site.server.ws_url, additional_headers=bearer(token), proxy=None) as ws:
+        assert ws.response is not None
+        connection_id = ws.response.headers["Acp-Connection-Id"]
+        await ws.send(json.dumps(rpc(0, "initialize", {"protocolVersion": 1})))
+        await answer(ws, 0)
+        await ws.send(json.dumps(rpc(1, "session/new", {"cwd": "/tmp", "mcpServers": []})))
+        session_id = (await answer(ws, 1))["result"]["sessionId"]
+        expires_at = expire_in(site, token, EXPIRES_IN)
+        notice = json.loads(await asyncio.wait_for(ws.recv(), CLOSES_WITHIN))
+        received.append(notice)
+        assert notice == {"jsonrpc": "2.0", "method": AUTH_EXPIRING, "params": {"expiresAt": rfc3339(expires_at)}}
+        await ws.send(json.dumps(rpc(2, "session/prompt", tick_prompt(session_id))))
+        with pytest.raises(ConnectionClosed):
+            await answer(ws, 2)
+        assert ws.close_code == 4401 and ws.close_reason == "credential expired; reattach with a new token"
+    assert not [line for line in site.server.log if f"connection={connection_id} " in line and "ended" in line]
+    reattach = {"Acp-Connection-Id": connection_id, "Last-Event-ID": str(len(received))}
+    for credential, status in ((token, 403), (other, 404)):  # expired; another user's (as unknown)
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(site.server.ws_url, additional_headers={**bearer(credential), **reattach}, proxy=None):
+                pass
+        assert refused.value.response.status_code == status
+    before = list(received)
+    async with connect(site.server.ws_url, additional_headers={**bearer(renewed), **reattach}, proxy=None) as ws:
+        assert (await answer(ws, 2))["result"]["stopReason"] == "end_turn"
+    after = received[len(before) :]
+    assert ticks_in(before) + ticks_in(after) == [f"tick {index}\n" for index in range(1, TICKS + 1)]
+    assert ticks_in(after), "the turn ran across the expiry: some of it came after"
 
 
 # -- the official SDK clients ---------------------------------------------------------------------

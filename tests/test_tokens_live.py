@@ -8,8 +8,11 @@ loses their connections the same way. Each end has its audit line (reason=revoke
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -21,7 +24,7 @@ from websockets.asyncio.client import connect
 
 from tests.cluster import Cluster
 from tests.conftest import SHAPES, start_server
-from tests.live import JSON, ROOT, SSE, DaphneServer, rpc, wait_for_line
+from tests.live import JSON, ROOT, SSE, DaphneServer, open_sse, rpc, wait_for_line
 
 INVALID = 'Bearer realm="acp", error="invalid_token"'
 #: Sweep every half second: an end within a few seconds, on a loaded machine too.
@@ -143,6 +146,49 @@ async def test_a_revoked_token_ends_its_connections_within_seconds(site: TokenSi
     assert (
         await http.delete(site.server.url, headers={**site.bearer("alice-2"), "Acp-Connection-Id": kept})
     ).status_code == 202
+
+
+def expire_now(site: TokenSite, name: str) -> None:
+    """The token's expiry comes now: its `expires` set in the database (Django's SQLite form,
+    naive UTC), where the sweep of whichever worker hosts its connections reads it."""
+    stored = str(datetime.datetime.now(datetime.UTC).replace(tzinfo=None))
+    with contextlib.closing(sqlite3.connect(site.env["ACP_TEST_DATABASE"], timeout=10)) as database, database:
+        query = "UPDATE acp_tokens_agenttoken SET expires = ? WHERE id = ?"
+        assert database.execute(query, (stored, site.tokens[name][0])).rowcount == 1
+
+
+async def test_an_expired_token_closes_the_stream_on_any_worker_and_another_token_resumes_it(
+    site: TokenSite, http: httpx.AsyncClient
+) -> None:
+    """Three workers: the connection is hosted by the first, its stream read through the second,
+    resumed through the third (one worker: all on it). At expiry the stream ends, saying why, and
+    the connection lives; the user's other token rebinds it with a POST and resumes the stream
+    after its last event; the expired token gets 401, another user's token 404."""
+    workers = [worker.url for worker in site.server.workers] if isinstance(site.server, Cluster) else [site.server.url]
+    host, reader, resumer = (workers * 3)[:3]
+    response = await http.post(host, headers={**JSON, **site.bearer("alice-expiring")}, json=rpc(0, "initialize", {}))
+    assert response.status_code == 200, response.text
+    connection_id = response.headers["acp-connection-id"]
+    owner = {"Acp-Connection-Id": connection_id}
+    async with open_sse(http, reader, connection_id, **site.bearer("alice-expiring")) as stream:
+        echo = await http.post(host, headers={**JSON, **site.bearer("alice-expiring"), **owner}, json=rpc(5, "x/echo"))
+        assert echo.status_code == 202
+        assert (await stream.next())["id"] == 5
+        expire_now(site, "alice-expiring")
+        assert await stream.next_or_end(ENDS_WITHIN) is None  # the server ended it
+        assert stream.comment_lines[-1:] == [": credential expired"]
+        last_event = str(stream.last_id)
+    assert not [line for line in site.server.log if f"connection={connection_id} " in line and "ended" in line]
+    resume = {**SSE, **owner, "Last-Event-ID": last_event}
+    expired = await http.get(resumer, headers={**resume, **site.bearer("alice-expiring")})
+    assert (expired.status_code, expired.headers["www-authenticate"]) == (401, INVALID)
+    assert (await http.get(resumer, headers={**resume, **site.bearer("bob")})).status_code == 404
+    echo = await http.post(resumer, headers={**JSON, **site.bearer("alice-2"), **owner}, json=rpc(6, "x/echo"))
+    assert echo.status_code == 202  # on the host's worker: the connection now rests on alice-2
+    renewed = {**site.bearer("alice-2"), "Last-Event-ID": last_event}
+    async with open_sse(http, resumer, connection_id, **renewed) as again:
+        assert (await again.next())["id"] == 6
+    assert (await http.delete(resumer, headers={**site.bearer("alice-2"), **owner})).status_code == 202
 
 
 async def test_losing_the_permission_ends_the_connections(site: TokenSite, http: httpx.AsyncClient) -> None:

@@ -62,6 +62,7 @@ TOKENS = (
     ("carol", "carol", []),
     ("observer", "alice", ["--scope", "acp:session:observe"]),
     ("expired", "bob", ["--expires", "2020-01-01"]),
+    ("alice-expiring", "alice", []),  # its expiry is set in the database by a test
 )
 
 
