@@ -242,6 +242,16 @@ async def test_the_sweep_wakes_at_a_known_expiry(hosts: list[ConnectionHost], se
     assert not host.ended.is_set()
 
 
+async def test_a_short_lived_credential_is_told_at_once(hosts: list[ConnectionHost], settings: Any) -> None:
+    """It lives less than AUTH_EXPIRING_SECONDS: the notice goes when the connection opens, not
+    at the next poll (REVALIDATE_SECONDS is long here)."""
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "REVALIDATE_SECONDS": 3600.0}
+    host = open_host(hosts, ada(expires_in=30))
+    stream = host.lease(protocol.CONNECTION_STREAM)
+    taken = await asyncio.wait_for(stream.take(None), 10)
+    assert taken is not None and json.loads(taken[0])["method"] == "_acp-channels/auth_expiring"
+
+
 # -- tickets ---------------------------------------------------------------------------------------------
 
 

@@ -80,10 +80,9 @@ class CredentialSweep:
         loop = asyncio.get_running_loop()
         if principal == ANONYMOUS or interval is None:
             return
-        if principal.expires_at is not None:
-            now = time.time()
+        if principal.expires_at is not None:  # its notice (now, if it is due), else its expiry
             notice = notice_due(principal.expires_at, acp_settings.AUTH_EXPIRING_SECONDS)
-            self._due_at(notice if notice is not None and notice > now else principal.expires_at + AFTER_EXPIRY)
+            self._due_at(principal.expires_at + AFTER_EXPIRY if notice is None else max(notice, time.time()))
         if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
             return
         # A context of its own: not the request's that opened the connection (its database
