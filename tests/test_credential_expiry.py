@@ -20,6 +20,7 @@ import pytest
 
 from acp_channels import _protocol as protocol
 from acp_channels import _tickets as tickets
+from acp_channels import _worker_protocol as worker_protocol
 from acp_channels._agents.factory import create_agent_channel
 from acp_channels._checks import check_settings
 from acp_channels._gateway.handles import owned_host
@@ -29,6 +30,8 @@ from acp_channels._host.credentials import CredentialSweep, notice_due, standing
 from acp_channels._host.expiry import expiring_notice, rfc3339
 from acp_channels._identity import REVOKED, Principal, Standing
 from acp_channels._worker import new_connection_id
+from acp_channels._worker_protocol import Terminate
+from tests.test_worker_protocol import wire
 
 SESSION = "s-1"
 
@@ -55,6 +58,15 @@ def test_a_principal_carries_its_expiry_on_the_wire_and_compares_without_it() ->
     for bad in (["user", "7", "", "tok:1", "soon"], ["user", "7", "", "tok:1", "inf"], ["a", "b", "c", "", "1", "2"]):
         with pytest.raises(ValueError):
             Principal.from_wire(bad)
+
+
+def test_a_principal_keeps_its_credential_and_expiry_across_workers() -> None:
+    """What a request on another worker than the host carries (and a runner gets with Open):
+    the host rebinds the connection by it, and follows its expiry."""
+    op = Terminate("c-1", Principal("user", "7", "ada", "oauth2_provider:12", 1_900_000_000.5))
+    decoded = worker_protocol.decode_op(wire(worker_protocol.encode_op(op, "w-1", "acp.worker.w")))
+    assert isinstance(decoded, Terminate)
+    assert (decoded.principal.credential, decoded.principal.expires_at) == ("oauth2_provider:12", 1_900_000_000.5)
 
 
 def test_what_stands_of_a_credential() -> None:
