@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 #: does with the default minute), and the turn below runs across two expiries at least.
 LIFETIME = 3.0
 NOTICE_SECONDS = 1.5
-TICKS, TICK_MS = 28, 250
+TICKS, TICK_MS = 20, 250
 #: A process with the demo's Django set up: a line with a lifetime in, a new access token out.
 MINT = """
 import sys
