@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import io
 import json
 import os
@@ -246,7 +247,11 @@ def _reopen_stdio(env: dict[str, str]) -> None:
 def main() -> None:
     _INSTALLATION_PATH.extend(sys.path[1 + len(_pythonpath(os.environ)) :])  # after ROOT (-m) and PYTHONPATH
     control = socket.socket(fileno=int(sys.argv[1]))
-    control.send(json.dumps({"preloaded": _preload()}).encode())
+    read = _preload()
+    # Out of the collector's sight: a collection in a child would otherwise write to every
+    # preloaded object's header and copy the whole heap (0.5 s of CPU a client instead of 0.2 s).
+    gc.freeze()
+    control.send(json.dumps({"preloaded": read}).encode())
     request = _serve(control)
     _run_child(request)
 
