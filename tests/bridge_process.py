@@ -1,6 +1,6 @@
 """`BridgeProcess`: a real `python -m acp_channels.bridge URL` process, driven as an editor
 drives a stdio agent: JSON-RPC lines written to its stdin, lines read from its stdout, its
-stderr kept for assertions."""
+stderr kept for assertions. Forked from the forkserver (tests/forked.py) unless ACP_TEST_FORK=0."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Self
 
+from tests import forked
+from tests.forked import ForkedProcess
 from tests.live import ROOT
 
 STEP_SECONDS = 30.0
@@ -29,14 +31,14 @@ class BridgeProcess:
             "PYTHONPATH": str(ROOT),
             **(env or {}),
         }
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: asyncio.subprocess.Process | ForkedProcess | None = None
         self.stderr_lines: list[str] = []
         self._stderr_changed = asyncio.Event()
         self._stderr_task: asyncio.Task[None] | None = None
         self._next_id = 0
 
     async def start(self) -> Self:
-        self.process = await asyncio.create_subprocess_exec(
+        self.process = await forked.create_subprocess_exec(
             *self.argv,
             cwd=ROOT,
             env=self.env,

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from acp.schema import (
 )
 
 from acp_channels.client import AuthenticationError, HttpClient
+from tests import forked
 from tests.live import ROOT, DaphneServer
 from tests.peers.fixtures import GATE_TOKEN, gated_py_sdk_server
 from tests.peers.process import PeerServer
@@ -107,7 +107,7 @@ def run_driver(client: str, url: str, transport: str, *args: str, env_token: str
         argv = ["node", str(JS / "ts_client.mjs"), url, transport, "--timeout", "15", *args]
     else:
         argv = [sys.executable, str(PY_DRIVER), url, "--timeout", "15", *args]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=90, cwd=ROOT, env=environment(env_token))
+    result = forked.run(argv, capture_output=True, text=True, timeout=90, cwd=ROOT, env=environment(env_token))
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert lines, f"{client}/{transport} printed no summary:\n{result.stdout}\n{result.stderr}"
     summary: dict[str, Any] = json.loads(lines[-1])
@@ -249,7 +249,7 @@ async def test_http_client_is_refused(transport: str, form: str, credentials: st
 
 
 def spawn_terminal(url: str, *args: str, token: str | None) -> pexpect.spawn:
-    child = pexpect.spawn(
+    child = forked.TerminalChild(
         sys.executable,
         ["-m", "acp_channels.client", url, "--no-history", *args],
         cwd=str(ROOT),

@@ -33,6 +33,7 @@ import httpx
 import pytest
 
 from tests import auth_fixtures as tokens
+from tests import forked
 from tests.bridge_process import BridgeProcess, text_updates
 from tests.live import JSON, ROOT, DaphneServer, SseReader, open_sse, post, rpc
 from tests.peers.fakes import CONNECTION_ID, Answer, FakeAcp, Reply, Request, within
@@ -334,7 +335,7 @@ async def test_the_client_attaches_and_the_session_waits_for_the_editor(fake: Fa
     ],
 )
 def test_options_that_do_not_go_with_attach_exit_2(argv: list[str], message: str) -> None:
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "-m", "acp_channels.bridge", "http://127.0.0.1:9", *argv],
         capture_output=True,
         text=True,

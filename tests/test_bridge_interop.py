@@ -15,13 +15,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from tests import forked
 from tests.cluster import Cluster
 from tests.live import ROOT, DaphneServer, wait_for_line
 from tests.peers.fixtures import ts_server
@@ -65,9 +65,7 @@ def run_driver(client: str, agent: list[str]) -> DriverRun:
     """One driver run with `agent` as its agent command, from the repository root (where
     `-m acp_channels.bridge` / `-m demo_project.agent` import from)."""
     env = {name: value for name, value in os.environ.items() if name != "ACP_TOKEN"}  # no token: none needed
-    result = subprocess.run(
-        driver_command(client, agent), capture_output=True, text=True, timeout=180, cwd=ROOT, env=env
-    )
+    result = forked.run(driver_command(client, agent), capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert lines, f"{client}: no summary line:\n{result.stdout}\n{result.stderr}"
     return DriverRun(json.loads(lines[-1]), result.returncode, result.stderr)

@@ -29,6 +29,7 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 from acp_channels.bridge._stdio import LineSplitter, LineTooLong
+from tests import forked
 from tests.bridge_process import BridgeProcess, text_updates
 from tests.cluster import Cluster
 from tests.live import ROOT, DaphneServer, wait_for_line
@@ -464,7 +465,7 @@ async def test_a_wrong_token_is_refused_clearly(token_server: DaphneServer, tran
     ],
 )
 def test_bad_usage_exits_2_with_one_line(argv: list[str], message: str) -> None:
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "-m", "acp_channels.bridge", *argv],
         capture_output=True,
         text=True,

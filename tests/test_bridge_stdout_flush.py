@@ -16,6 +16,8 @@ from pathlib import Path
 import websockets
 from websockets.asyncio.server import ServerConnection
 
+from tests import forked
+
 ROOT = Path(__file__).resolve().parent.parent
 #: Enough answers (about 700 KiB) that the bridge writes them faster than the editor reads: its
 #: stdout transport still holds up to its high-water mark (64 KiB) of them when it closes.
@@ -30,7 +32,7 @@ async def _swallow(socket: ServerConnection) -> None:
 async def test_answers_written_at_exit_reach_an_editor_reading_late() -> None:
     async with websockets.serve(_swallow, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
-        bridge = await asyncio.create_subprocess_exec(
+        bridge = await forked.create_subprocess_exec(
             sys.executable, "-m", "acp_channels.bridge", "--drain-timeout", "0", f"ws://127.0.0.1:{port}/acp",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             cwd=ROOT,

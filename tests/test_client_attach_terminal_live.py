@@ -30,6 +30,7 @@ import pytest
 
 from acp_channels.client import HttpClient
 from tests import auth_fixtures as tokens
+from tests import forked
 from tests.cluster import Cluster
 from tests.live import ROOT, DaphneServer, rpc
 from tests.token_servers import TOKEN_ENV
@@ -58,7 +59,7 @@ class Piped:
     """`python -m acp_channels.client ARGS` through pipes: lines typed on its stdin, its stdout and
     stderr read as they come (`expect` waits for a line; nothing is slept)."""
 
-    process: asyncio.subprocess.Process
+    process: asyncio.subprocess.Process | forked.ForkedProcess
     out: list[str] = field(default_factory=list)
     err: list[str] = field(default_factory=list)
     _read: dict[str, int] = field(default_factory=lambda: {"out": 0, "err": 0})
@@ -70,7 +71,7 @@ class Piped:
         env = {name: value for name, value in os.environ.items() if name not in ("ACP_TOKEN", "NO_COLOR")}
         if token is not None:
             env["ACP_TOKEN"] = token
-        process = await asyncio.create_subprocess_exec(
+        process = await forked.create_subprocess_exec(
             sys.executable,
             "-m",
             "acp_channels.client",

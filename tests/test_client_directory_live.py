@@ -12,7 +12,6 @@ import datetime
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,6 +29,7 @@ from acp_channels.client import (
     SessionEntry,
 )
 from tests import auth_fixtures as tokens
+from tests import forked
 from tests.live import ROOT, DaphneServer, rpc
 from tests.token_servers import TOKEN_ENV
 
@@ -147,7 +147,7 @@ async def acp_client(*args: str, token: str | None) -> tuple[int, str, str]:
     env = {name: value for name, value in os.environ.items() if name != "ACP_TOKEN"}
     if token is not None:
         env["ACP_TOKEN"] = token
-    process = await asyncio.create_subprocess_exec(
+    process = await forked.create_subprocess_exec(
         sys.executable,
         "-m",
         "acp_channels.client",
@@ -309,7 +309,7 @@ def test_the_sessions_command_lists_the_clients_own_session(server: DaphneServer
     """`/sessions` inside acp-client prints the directory: the session it opened is in it."""
     env = {name: value for name, value in os.environ.items() if name != "ACP_TOKEN"}
     env["ACP_TOKEN"] = tokens.ALICE
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "-m", "acp_channels.client", server.url],
         cwd=ROOT,
         env=env,

@@ -1,6 +1,7 @@
 """The terminal client (`python -m acp_channels.client URL`) driven through a pseudo-terminal
 (pexpect: prompt_toolkit's line editing, rich's colour and live turn indicator) and through pipes
-(plain output), against live servers."""
+(plain output), against live servers. The client is forked from the forkserver (tests/forked.py)
+but for `--version`, a test of the command itself."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from acp_channels.client._errors import HttpStatusError
 from acp_channels.client._terminal import COMMANDS
 from acp_channels.client._terminal_client import TerminalClient
 from acp_channels.client._terminal_output import Screen, describe_error
+from tests import forked
 from tests.live import ROOT, DaphneServer
 from tests.peers.fixtures import ts_server
 from tests.peers.process import PeerServer
@@ -81,7 +83,7 @@ def environment(state_home: Path | None = None, **extra: str) -> dict[str, str]:
 def spawn(*args: str, env: dict[str, str] | None = None, history: bool = False) -> pexpect.spawn:
     """The client on a pseudo-terminal; its history kept in memory unless `history` (then give
     an `environment(state_home)`: never the real home's)."""
-    child = pexpect.spawn(
+    child = forked.TerminalChild(
         sys.executable,
         ["-m", "acp_channels.client", *args, *([] if history else ["--no-history"])],
         cwd=str(ROOT),
@@ -323,7 +325,7 @@ def test_no_color_on_a_terminal(demo: DaphneServer, terminal_log: list[pexpect.s
 
 
 def run_piped(*args: str, stdin: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "-m", "acp_channels.client", *args],
         cwd=ROOT,
         input=stdin,
@@ -446,7 +448,9 @@ def test_usage_errors_exit_2(args: list[str], message: str) -> None:
 def test_version_is_printed_without_a_url() -> None:
     from acp_channels import __version__
 
-    result = run_piped("--version", stdin="")
+    result = subprocess.run(  # how the command itself starts: not forked
+        [sys.executable, "-m", "acp_channels.client", "--version"], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
     assert (result.returncode, result.stdout.strip()) == (0, f"acp-client {__version__}")
 
 

@@ -26,6 +26,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
+from tests import forked
 from tests.agent_processes import supported
 from tests.cluster import Cluster, RedisServer
 from tests.live import JSON, ROOT, open_sse, rpc
@@ -68,7 +69,7 @@ def manage(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
         "PYTHONPATH": str(ROOT),
         "DJANGO_SETTINGS_MODULE": "demo_project.settings",
     }
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "manage.py", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
 

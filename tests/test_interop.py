@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 
 import pytest
 
+from tests import forked
 from tests.live import ROOT, DaphneServer
 
 JS = ROOT / "tests" / "interop" / "js"
@@ -26,9 +26,7 @@ def driver_command(client: str, url: str, transport: str) -> list[str]:
 
 def run_driver(client: str, server: DaphneServer, transport: str) -> dict[str, object]:
     url = server.url if transport == "http" else server.ws_url
-    result = subprocess.run(
-        driver_command(client, url, transport), capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
+    result = forked.run(driver_command(client, url, transport), capture_output=True, text=True, timeout=120, cwd=ROOT)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert result.returncode == 0 and lines, f"{client}/{transport} failed:\n{result.stdout}\n{result.stderr}"
     summary: dict[str, object] = json.loads(lines[-1])

@@ -19,6 +19,7 @@ import pexpect
 import pytest
 
 from acp_channels.client import Backoff, HttpClient, ResumeRefusedError
+from tests import forked
 from tests.bridge_process import BridgeProcess, text_updates
 from tests.cluster import Cluster
 from tests.conftest import SHAPES, start_server
@@ -312,7 +313,7 @@ def threaded_proxy(demo_server: DaphneServer | Cluster) -> Iterator[ThreadedCutP
 
 def test_the_terminal_says_reconnecting_then_resumed(threaded_proxy: ThreadedCutProxy) -> None:
     assert threaded_proxy.proxy is not None
-    child = pexpect.spawn(
+    child = forked.TerminalChild(
         sys.executable,
         ["-m", "acp_channels.client", threaded_proxy.proxy.url, "--no-history"],
         cwd=str(ROOT),
