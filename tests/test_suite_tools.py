@@ -23,6 +23,13 @@ from tests.cpu_report import report
 from tests.live import ROOT, DaphneServer
 from tests.scheduling import keeps_servers, server_group
 
+
+@pytest.fixture
+def forking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests of forking fork under ACP_TEST_FORK=0 too."""
+    monkeypatch.setenv("ACP_TEST_FORK", "1")
+
+
 SHARED = 'import pytest\n@pytest.fixture(scope="module")\ndef server():\n    return DaphneServer().start()\n'
 PER_TEST = "def test_x():\n    DaphneServer().start()\n"
 
@@ -93,7 +100,7 @@ def test_a_forked_child_runs_a_module_with_its_own_argv_cwd_environment_and_zone
     assert seen["stdin"] == "" and seen["parent"] == server.process.pid
 
 
-def test_a_forked_client_has_its_own_streams_path_and_django_settings(tmp_path: Path) -> None:
+def test_a_forked_client_has_its_own_streams_path_and_django_settings(tmp_path: Path, forking: None) -> None:
     """`forked.run` as `subprocess.run`: stdin from `input`, stdout and stderr captured, the exit
     status; sys.path[0] is the child's directory (as for `python -m`); Django's settings are not
     configured in the forkserver: the child's DJANGO_SETTINGS_MODULE (and what its settings
@@ -110,7 +117,7 @@ def test_a_forked_client_has_its_own_streams_path_and_django_settings(tmp_path: 
     assert seen["settings"] == ["tests.auth_site", str(tmp_path / "db.sqlite3")]
 
 
-def test_a_forked_script_and_code_run_as_main_with_their_argv(tmp_path: Path) -> None:
+def test_a_forked_script_and_code_run_as_main_with_their_argv(tmp_path: Path, forking: None) -> None:
     script = tmp_path / "script.py"
     script.write_text("import json, sys\nprint(json.dumps([__name__, sys.argv, sys.path[0]]))\nsys.exit(7)\n")
     result = forked.run([sys.executable, str(script), "x"], capture_output=True, text=True, timeout=30)
@@ -121,7 +128,7 @@ def test_a_forked_script_and_code_run_as_main_with_their_argv(tmp_path: Path) ->
     assert (result.returncode, result.stdout) == (0, "__main__ ['-c', 'y']\n")
 
 
-async def test_a_forked_child_with_asyncio_streams() -> None:
+async def test_a_forked_child_with_asyncio_streams(forking: None) -> None:
     """`forked.create_subprocess_exec` as asyncio's: a StreamWriter on its stdin, StreamReaders on
     its stdout and stderr, `wait` for the exit status, a signal."""
     echo = "import sys\nfor line in sys.stdin:\n    print(line.upper(), end='', flush=True)\nsys.exit(5)"
@@ -141,7 +148,7 @@ async def test_a_forked_child_with_asyncio_streams() -> None:
         assert await sleeper.wait() == -signal.SIGKILL
 
 
-def test_ctrl_c_typed_on_a_forked_childs_terminal_interrupts_it() -> None:
+def test_ctrl_c_typed_on_a_forked_childs_terminal_interrupts_it(forking: None) -> None:
     """The child's pseudo-terminal is its controlling terminal and it leads its session: the Ctrl-C
     typed there is a SIGINT to it, as for a process pexpect would exec; its stdout is line-buffered
     there (made for its terminal, not the forkserver's streams)."""
@@ -175,7 +182,7 @@ def test_what_the_forkserver_fixed_is_not_forked(monkeypatch: pytest.MonkeyPatch
     assert int(forked.run(parent, capture_output=True, text=True).stdout) == os.getpid()
 
 
-def test_a_forked_daphne_serves_and_its_signals_and_exit_are_seen() -> None:
+def test_a_forked_daphne_serves_and_its_signals_and_exit_are_seen(forking: None) -> None:
     daphne = DaphneServer(env={"ACP_AGENT": "tests.wire_agent.create"}).start()
     try:
         assert isinstance(daphne.process, forkserver.Forked)
