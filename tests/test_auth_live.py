@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests import auth_fixtures as tokens
+from tests import forked
 from tests.cluster import Cluster
 from tests.conftest import SHAPES, start_server
 from tests.live import JSON, ROOT, SSE, DaphneServer, rpc, wait_for_line
@@ -322,7 +322,7 @@ CROSS_SITE = "cross-site request refused"
 def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionSite]:
     database = tmp_path_factory.mktemp("auth-site") / "db.sqlite3"
     env = {**SITE_ENV, "DJANGO_SETTINGS_MODULE": "tests.auth_site", "ACP_TEST_DATABASE": str(database)}
-    prepared = subprocess.run(
+    prepared = forked.run(
         [sys.executable, "-m", "tests.auth_site"],
         cwd=ROOT,
         env={**os.environ, **env},

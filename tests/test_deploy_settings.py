@@ -19,6 +19,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin
 
 from acp_channels._conf import DEFAULTS
+from tests import forked
 from tests.live import JSON, ROOT, DaphneServer, rpc
 
 TOKEN = secrets.token_urlsafe(32)
@@ -41,7 +42,7 @@ def production_environment(**overrides: str) -> dict[str, str]:
 
 
 def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
 

@@ -35,7 +35,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests import oauth_browser
+from tests import forked, oauth_browser
 from tests.live import JSON, ROOT, SSE, DaphneServer, SseReader, open_sse, reserved_port, rpc, wait_for_line
 from tests.test_auth_interop import run_driver
 
@@ -114,7 +114,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthSite]:
         # listen on: `acp-client login` follows it (below).
         env["ACP_OAUTH_AUTHORIZATION_SERVERS"] = f'["http://127.0.0.1:{port}/o"]'
         process_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
-        setup = subprocess.run(
+        setup = forked.run(
             [sys.executable, "-m", "demo_project.oauth", "setup"],
             env=process_env,
             cwd=ROOT,
@@ -124,7 +124,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthSite]:
         assert setup.returncode == 0, setup.stderr
         assert "ACP_TOKEN=$(ACP_DEMO_OAUTH=1 .venv/bin/python -m demo_project.oauth token)" in setup.stderr
         assert ".venv/bin/acp-client login http://127.0.0.1:" in setup.stderr
-        issued = subprocess.run(
+        issued = forked.run(
             [sys.executable, "-c", ISSUE, json.dumps(ISSUED)], env=process_env, cwd=ROOT, capture_output=True, text=True
         )
         assert issued.returncode == 0, issued.stderr
@@ -593,7 +593,7 @@ def stored_login(env: dict[str, str]) -> tuple[Path, dict[str, Any]]:
 
 def acp_client(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "acp_channels.client", *args]
-    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return forked.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 async def test_acp_client_login_with_the_browser(site: OAuthSite, login_env: dict[str, str]) -> None:

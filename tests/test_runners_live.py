@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +24,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from tests import forked
 from tests.cluster import Cluster, RedisServer
 from tests.live import (
     ROOT,
@@ -116,7 +116,7 @@ async def test_the_connections_command_lists_what_the_runners_host(topology: Clu
     connection_id = await initialize(http, topology.url)
     env = {**os.environ, **topology.env, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
     result = await asyncio.to_thread(
-        subprocess.run,
+        forked.run,
         [sys.executable, "manage.py", "acp_connections", "--json"],
         cwd=ROOT,
         env=env,
@@ -135,7 +135,7 @@ async def test_the_connections_command_lists_what_the_runners_host(topology: Clu
     assert hosting["connections"] >= 1 and hosting["room"] is True and hosting["draining"] is False
     assert hosting["stdio_agents"] == 0  # an in-process agent
     table = await asyncio.to_thread(
-        subprocess.run,
+        forked.run,
         [sys.executable, "manage.py", "acp_connections"],
         cwd=ROOT,
         env=env,

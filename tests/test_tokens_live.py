@@ -13,7 +13,6 @@ import datetime
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
+from tests import forked
 from tests.cluster import Cluster
 from tests.conftest import SHAPES, start_server
 from tests.live import JSON, ROOT, SSE, DaphneServer, open_sse, rpc, wait_for_line
@@ -49,7 +49,7 @@ class TokenSite:
 
     def manage(self, *args: str) -> str:
         """`manage.py …` (python -m django) against the site's database, as an operator runs it."""
-        done = subprocess.run(
+        done = forked.run(
             [sys.executable, "-m", "django", *args],
             cwd=ROOT,
             env={**os.environ, **self.env},
@@ -65,7 +65,7 @@ class TokenSite:
 def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenSite]:
     database = tmp_path_factory.mktemp("tokens-site") / "db.sqlite3"
     env = {**SITE_ENV, "ACP_TEST_DATABASE": str(database)}
-    prepared = subprocess.run(
+    prepared = forked.run(
         [sys.executable, "-m", "tests.tokens_site"],
         cwd=ROOT,
         env={**os.environ, **env},
