@@ -90,10 +90,13 @@ Ending = Literal["revoked", "expired"]
 @dataclass(frozen=True, slots=True)
 class Standing:
     """What stands of one credential: `ended` says why it no longer holds (None: it holds), and
-    `expires_at` when it expires (seconds since the epoch; None: never, or not known)."""
+    `expires_at` when it expires (seconds since the epoch; None: never, or not known).
+    `credential`: the credential that now stands for it (an OAuth refresh replaced the token: the
+    connection is rebound to it, and `expires_at` is the new one's), or None."""
 
     ended: Ending | None = None
     expires_at: float | None = None
+    credential: str | None = None
 
 
 REVOKED: Final = Standing("revoked")

@@ -118,7 +118,7 @@ async def access_token(context: RequestContext) -> Principal:
     if token is None:
         error = "invalid_token" if context.header("authorization") is not None else None
         raise refusal(context, 401, INVALID_TOKEN if error else "authentication required", needed, error)
-    found, description = await sync_to_async(_validate)(token, resource_identifier(context))
+    found, refresh_id, description = await sync_to_async(_validate)(token, resource_identifier(context))
     if found is None:
         raise refusal(context, 401, INVALID_TOKEN, needed, "invalid_token", description)
     user = found.user
@@ -137,7 +137,20 @@ async def access_token(context: RequestContext) -> Principal:
     # streams once it expires (the host tells the client before: docs/authentication.md).
     expires = getattr(found, "expires", None)
     expires_at = expires.timestamp() if expires is not None else None
-    return dataclasses.replace(principal, credential=f"{CREDENTIAL_PREFIX}{found.pk}", expires_at=expires_at)
+    return dataclasses.replace(principal, credential=credential_of(found.pk, refresh_id), expires_at=expires_at)
+
+
+def credential_of(access_id: object, refresh_id: object | None) -> str:
+    """`Principal.credential` of a DOT access token: `oauth2_provider:<access token pk>`, and
+    `:<refresh token pk>` when it came with one (the sweep follows a refresh through it)."""
+    suffix = f":{refresh_id}" if refresh_id is not None else ""
+    return f"{CREDENTIAL_PREFIX}{access_id}{suffix}"
+
+
+def _token_ids(principal: Principal) -> tuple[str, str | None]:
+    """The access token's and the refresh token's pk that `credential_of` put in a credential."""
+    access, _, refresh = principal.credential.removeprefix(CREDENTIAL_PREFIX).partition(":")
+    return access, refresh or None
 
 
 async def token_standings(principals: Collection[Principal]) -> Standings:
@@ -145,14 +158,20 @@ async def token_standings(principals: Collection[Principal]) -> Standings:
     `principals` carry (`CREDENTIAL_PREFIX`), in one query for them all. Revoked: DOT deleted
     the token (it does on revocation), or its user is inactive; expired: past its `expires`;
     else it holds until then (read again: a changed `expires` is followed)."""
-    rows = await sync_to_async(_token_rows)({_token_id(principal) for principal in principals})
+    ids = [_token_ids(principal) for principal in principals]
+    rows, successors = await sync_to_async(_token_rows)(ids)
     now = time.time()
     standings: Standings = {}
-    for principal in principals:
-        found = rows.get(_token_id(principal))
-        usable = found is not None and found[1]
-        standing = standing_of_expiry(found[0], now) if found is not None and usable else REVOKED
-        standings[credential_key(principal)] = standing
+    for principal, (access_id, refresh_id) in zip(principals, ids, strict=True):
+        found = rows.get(access_id)
+        successor = successors.get(refresh_id) if found is None and refresh_id is not None else None
+        if successor is not None:  # a refresh replaced the token: the connection goes on with the new one
+            expires, usable, credential = successor
+            standing = dataclasses.replace(standing_of_expiry(expires, now), credential=credential)
+        else:
+            usable = found is not None and found[1]
+            standing = standing_of_expiry(found[0], now) if found is not None else REVOKED
+        standings[credential_key(principal)] = standing if usable else REVOKED
     return standings
 
 
@@ -163,24 +182,52 @@ async def invalid_tokens(principals: Collection[Principal]) -> list[Principal]:
     return [principal for principal in principals if standings[credential_key(principal)].ended is not None]
 
 
-def _token_id(principal: Principal) -> str:
-    return principal.credential.removeprefix(CREDENTIAL_PREFIX)
+Row = tuple[float, bool]
 
 
-def _token_rows(ids: set[str]) -> dict[str, tuple[float, bool]]:
-    """Token id -> (when it expires, whether its user is active or it has none), for the tokens
-    of `ids` that exist."""
-    from oauth2_provider.models import get_access_token_model
+def _token_rows(
+    ids: Collection[tuple[str, str | None]],
+) -> tuple[dict[str, Row], dict[str, tuple[float, bool, str]]]:
+    """Access token pk -> (when it expires, whether its user is active or it has none), for the
+    access tokens of `ids` that exist; and for those gone, refresh token pk -> the same of the
+    token that now stands for it, with its credential. DOT deletes an access token when its
+    refresh token is used (RefreshToken.revoke) and when it is revoked; only a refresh leaves a
+    live refresh token of the same family (`token_family`, kept across rotations), whose access
+    token is the replacement. Three queries for the whole set."""
+    from oauth2_provider.models import get_access_token_model, get_refresh_token_model
 
-    model: Any = get_access_token_model()
-    pks = []
+    tokens: Any = get_access_token_model()
+    found = tokens.objects.filter(pk__in=_pks(tokens, [access for access, _ in ids]))
+    rows = {
+        str(pk): (expires.timestamp(), user is None or bool(active))
+        for pk, expires, user, active in found.values_list("pk", "expires", "user_id", "user__is_active")
+    }
+    gone = [refresh for access, refresh in ids if access not in rows and refresh is not None]
+    if not gone:
+        return rows, {}
+    refreshes: Any = get_refresh_token_model()
+    families = dict(refreshes.objects.filter(pk__in=_pks(refreshes, gone)).values_list("pk", "token_family"))
+    live = refreshes.objects.filter(
+        token_family__in=[family for family in families.values() if family is not None],
+        revoked__isnull=True,
+        access_token__isnull=False,
+    ).values_list("pk", "token_family", "access_token_id", "access_token__expires", "access_token__user_id",
+                  "access_token__user__is_active")  # fmt: skip
+    by_family = {
+        family: (expires.timestamp(), user is None or bool(active), credential_of(access, pk))
+        for pk, family, access, expires, user, active in live
+    }
+    return rows, {str(pk): by_family[family] for pk, family in families.items() if family in by_family}
+
+
+def _pks(model: Any, ids: Iterable[str]) -> list[Any]:
+    keys = []
     for token_id in ids:
         try:
-            pks.append(model._meta.pk.to_python(token_id))
+            keys.append(model._meta.pk.to_python(token_id))
         except Exception:  # not a key of this model: not a token of it
             continue
-    found = model.objects.filter(pk__in=pks).values_list("pk", "expires", "user_id", "user__is_active")
-    return {str(pk): (expires.timestamp(), user is None or bool(active)) for pk, expires, user, active in found}
+    return keys
 
 
 def refuse_unless_granted(context: RequestContext, scopes: Iterable[str]) -> None:
@@ -201,20 +248,30 @@ def token_scopes(context: RequestContext) -> tuple[str, ...] | None:
     return scopes
 
 
-def _validate(token: str, resource: str) -> tuple[Any, str | None]:
-    """django-oauth-toolkit's validator (OAUTH2_VALIDATOR_CLASS) on the token: the AccessToken,
-    or None with DOT's reason (expired, not for this resource; none for an unknown or revoked
-    token). Sync: it queries the database."""
+def _validate(token: str, resource: str) -> tuple[Any, Any, str | None]:
+    """django-oauth-toolkit's validator (OAUTH2_VALIDATOR_CLASS) on the token: the AccessToken
+    and its refresh token's pk (None without one), or None with DOT's reason (expired, not for
+    this resource; none for an unknown or revoked token). Sync: it queries the database."""
     from oauth2_provider.settings import oauth2_settings
     from oauthlib.common import Request
 
     request = Request(resource)
     validator = oauth2_settings.OAUTH2_VALIDATOR_CLASS()
     if validator.validate_bearer_token(token, [], request):
-        return request.access_token, None
+        found = request.access_token
+        return found, found.refresh_token.pk if _has_refresh_token(found) else None, None
     error = getattr(request, "oauth2_error", None) or {}
     description = error.get("error_description")
-    return None, str(description) if description else None
+    return None, None, str(description) if description else None
+
+
+def _has_refresh_token(found: Any) -> bool:
+    from django.core.exceptions import ObjectDoesNotExist
+
+    try:
+        return found.refresh_token is not None
+    except ObjectDoesNotExist:  # the reverse one-to-one of a token issued without one
+        return False
 
 
 def refusal(

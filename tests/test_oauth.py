@@ -121,7 +121,7 @@ async def test_an_insufficient_scope_is_403_with_the_challenge(
         application = None
         scope = OBSERVE
 
-    monkeypatch.setattr(oauth, "_validate", lambda token, resource: (Token(), None))
+    monkeypatch.setattr(oauth, "_validate", lambda token, resource: (Token(), None, None))
     with pytest.raises(Refused) as refused:
         await oauth.access_token(http_context(Authorization="Bearer abc"))
     assert (refused.value.status, refused.value.text) == (403, "insufficient scope: the token needs acp:connect")
@@ -157,7 +157,7 @@ async def test_the_endpoint_sends_the_403_challenge(oauth_site: None, monkeypatc
         application = None
         scope = ""
 
-    monkeypatch.setattr(oauth, "_validate", lambda token, resource: (Token(), None))
+    monkeypatch.setattr(oauth, "_validate", lambda token, resource: (Token(), None, None))
     request = AsyncRequestFactory().post(
         "/acp", data="{}", content_type="application/json", headers={"Authorization": "Bearer abc"}
     )

@@ -657,3 +657,61 @@ def approve_device(verification_uri: str, user_code: str) -> str:
     """A person at DOT's device page: log in, enter the code, accept. The status page."""
     with httpx.Client(timeout=20.0, follow_redirects=False) as browser:
         return oauth_browser.approve_device(browser, verification_uri, user_code)
+
+
+# -- a refresh at the authorization server (DOT deletes the old access token) ----------------------
+
+
+async def refresh_at_the_server(site: OAuthSite, http: httpx.AsyncClient, refresh_token: str) -> dict[str, Any]:
+    """The refresh_token grant, as a client renewing its token does (DOT rotates: the old access
+    token is deleted, the old refresh token revoked)."""
+    url = f"http://127.0.0.1:{site.server.port}/o/token/"
+    data = {"grant_type": "refresh_token", "client_id": "acp-demo", "refresh_token": refresh_token}
+    renewed = await http.post(url, data=data)
+    assert renewed.status_code == 200, renewed.text
+    token: dict[str, Any] = renewed.json()
+    return token
+
+
+async def test_a_refresh_at_the_authorization_server_keeps_the_connection_and_its_stream(
+    site: OAuthSite, http: httpx.AsyncClient
+) -> None:
+    """A turn streams while the client refreshes its token twice at /o/token/ and sends nothing
+    with the new one: the sweep finds the old token gone but replaced through its refresh token
+    (one family), rebinds the connection to the newest and the stream goes on, whole and once.
+    Revoking the newest refresh token then ends the connection."""
+    issued = await code_flow(site, CONNECT)
+    url = site.server.url
+    opened = await initialize(http, url, issued["access_token"])
+    connection_id = opened.headers["acp-connection-id"]
+    headers = {**JSON, **bearer(issued["access_token"]), "Acp-Connection-Id": connection_id}
+    async with open_sse(http, url, connection_id, **bearer(issued["access_token"])) as connection:
+        assert (
+            await http.post(url, headers=headers, json=rpc(1, "session/new", {"cwd": "/", "mcpServers": []}))
+        ).status_code == 202
+        session_id = (await connection.next())["result"]["sessionId"]
+        session_headers = {**bearer(issued["access_token"])}
+        async with open_sse(http, url, connection_id, session_id, **session_headers) as session:
+            prompt = rpc(2, "session/prompt", tick_prompt(session_id))
+            assert (
+                await http.post(url, headers={**headers, "Acp-Session-Id": session_id}, json=prompt)
+            ).status_code == 202
+            events = [await session.next()]
+            latest = issued
+            for _ in range(2):  # a second refresh: the family is followed from the first token on
+                latest = await refresh_at_the_server(site, http, latest["refresh_token"])
+                await wait_for_line(
+                    site.server, rf"connection {re.escape(connection_id)}: .* was refreshed: rebound", 15
+                )
+            while (event := await session.next(30)).get("id") != 2:
+                events.append(event)
+            assert event["result"]["stopReason"] == "end_turn"
+    assert ticks_in(events) == [f"tick {index}\n" for index in range(1, TICKS + 1)]
+    assert not [line for line in site.server.log if f"connection={connection_id} " in line and "ended" in line]
+    newest = {**JSON, **bearer(latest["access_token"]), "Acp-Connection-Id": connection_id}
+    assert (await http.post(url, headers=newest, json=rpc(3, "session/list", {}))).status_code == 202
+
+    await revoke(site, http, latest["refresh_token"])  # revoked for real: no live token in its family
+    await wait_for_line(
+        site.server, rf"connection ended principal=user:demo connection={connection_id} .* reason=revoked", 15
+    )

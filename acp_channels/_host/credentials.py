@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -50,7 +51,7 @@ def standing_now(principal: Principal, standing: Standing | None, now: float) ->
     if standing is None:
         return standing_of_expiry(principal.expires_at, now)
     if standing.ended is None:
-        return standing_of_expiry(standing.expires_at, now)
+        return dataclasses.replace(standing_of_expiry(standing.expires_at, now), credential=standing.credential)
     return standing
 
 
@@ -136,6 +137,14 @@ class CredentialSweep:
             if host.ended.is_set():
                 continue
             standing = standing_now(principal, standings.get(key(principal)), now)
+            if standing.credential is not None and standing.ended != "revoked":
+                # A refresh at the authorization server replaced the token (and deleted the old
+                # one): the connection goes on with the new one, as a request with it would do.
+                principal = dataclasses.replace(
+                    principal, credential=standing.credential, expires_at=standing.expires_at
+                )
+                host.principal = principal
+                logger.info("connection %s: the credential of %s was refreshed: rebound", host.connection_id, principal)
             if standing.ended == "revoked":
                 logger.info("connection %s: the credential of %s was revoked: ending it", host.connection_id, principal)
                 await host.terminate("revoked")
