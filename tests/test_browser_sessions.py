@@ -87,6 +87,9 @@ def attach(tab: Demo, session_id: str, action: str = "Attach") -> Locator:
     directory_item(tab, session_id).get_by_role("button", name=action).click()
     pane = tab.page.locator(f'#sessions .session[data-session-id="{session_id}"]')
     expect(pane.locator(".link")).to_have_text("watching" if action == "Watch" else "attached")
+    # The link's text is there from the pane's start; this note only once the attachment's
+    # initialize was answered, so the server holds the tap (what is said from now on reaches it).
+    expect(pane.locator(".note", has_text="the session's output so far, then live")).to_have_count(1)
     return pane
 
 
