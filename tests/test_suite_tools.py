@@ -154,7 +154,10 @@ def test_ctrl_c_typed_on_a_forked_childs_terminal_interrupts_it(forking: None) -
     there (made for its terminal, not the forkserver's streams)."""
     code = "import os, sys; print(sys.stdin.isatty(), os.getsid(0) == os.getpid(), sys.stdout.line_buffering)"
     env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
-    child = forked.TerminalChild(sys.executable, ["-c", code + "; input('> ')"], env=env, encoding="utf-8", timeout=20)
+    # It waits in sleeps, not input(): CPython's readline loses a SIGINT that lands between the
+    # prompt and its read() (the read then blocks on), which a loaded machine made happen.
+    waiting = "; print('> ', end='', flush=True)\nimport time\nwhile True: time.sleep(0.05)"
+    child = forked.TerminalChild(sys.executable, ["-c", code + waiting], env=env, encoding="utf-8", timeout=20)
     try:
         assert isinstance(child.ptyproc, forked.ForkedPty)
         child.expect("True True True")
