@@ -152,6 +152,23 @@ class Balancer:
         self._thread.join(10)
 
 
+#: Every cluster started in this process, for the logs a failing test's report shows
+#: (tests/conftest.py); its servers keep their logs after they stop.
+STARTED: list[Cluster] = []
+
+
+def logs_of_started_clusters(since: int, lines: int = 150) -> str:
+    """The last `lines` log lines of each cluster started at or after index `since` of STARTED,
+    or still running from before (a module's cluster)."""
+    parts = []
+    for index, cluster in enumerate(STARTED):
+        running = any(worker.process is not None and worker.process.poll() is None for worker in cluster.workers)
+        if index >= since or running:
+            heading = f"-- cluster {index} ({len(cluster.log)} lines, the last {lines}) --\n"
+            parts.append(heading + "".join(cluster.log[-lines:]))
+    return "\n".join(parts)
+
+
 @dataclass
 class Cluster:
     redis: RedisServer
@@ -167,6 +184,7 @@ class Cluster:
     log: list[str] = field(default_factory=list)
 
     def start(self) -> Cluster:
+        STARTED.append(self)
         env = {"REDIS_URL": self.redis.url, "ACP_REDIS_PREFIX": f"acp-test-{uuid.uuid4().hex[:8]}:", **self.env}
         if self.runner_count:
             env["ACP_AGENT_HOSTS"] = "runners"

@@ -12,12 +12,15 @@ import httpx
 import pytest
 from asgiref.sync import SyncToAsync
 
-from tests import forkserver
+from tests import cluster, forkserver
 from tests.cluster import Cluster, RedisServer
 from tests.dist import Built, Installed, cached_build, cached_readme_install
 from tests.live import ROOT, DaphneServer
 from tests.peers.fakes import FakeAcp
 from tests.scheduling import LIVE_NAMES, SHAPES, ServerGroupScheduling
+
+#: How many clusters were started before a test's setup (its report's cluster logs).
+CLUSTERS_BEFORE = pytest.StashKey[int]()
 
 #: Modules out of the quick tier as a whole: floods, fuzzing, builds, other processes' SDKs and
 #: agents, HTTP/2 stacks, network cuts, servers of their own per test or per setting, log
@@ -202,6 +205,18 @@ def claude_server() -> Iterator[DaphneServer]:
     yield server
     server.stop()
     shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test that ran a cluster (tests/cluster.py) shows its workers' and runners' logs:
+    a CI failure in a cluster is otherwise a status code without a cause."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "setup":
+        item.stash[CLUSTERS_BEFORE] = len(cluster.STARTED)
+    elif report.failed and (logs := cluster.logs_of_started_clusters(item.stash.get(CLUSTERS_BEFORE, 0))):
+        report.sections.append(("cluster logs", logs))
 
 
 @pytest.hookimpl(hookwrapper=True)
