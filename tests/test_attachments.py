@@ -1,9 +1,10 @@
 """Shared sessions in process (no server): attachments get what a session kept, then live, once;
 the rules between the clients (first permission answer wins, client-side requests to the
 prompting client, prompts refused during a shared turn, observers refused, a client that does not
-read cut off, terminate said to everyone); detached connections (a full budget drops the oldest
-unread output only while nobody is attached, unanswered permission requests cancelled after
-PERMISSION_TIMEOUT_SECONDS, the detached quota). The live counterparts: test_attach_live.py."""
+read cut off, terminate said to everyone); detached connections (a full budget pauses the agent
+for the own client's grace, then drops the oldest unread output while nobody is attached,
+unanswered permission requests cancelled after PERMISSION_TIMEOUT_SECONDS, the detached quota).
+The live counterparts: test_attach_live.py."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class ScriptAgent:
         self._out: asyncio.Queue[Frame | None] = asyncio.Queue()
         self.got = asyncio.Event()
         self._all_taken = asyncio.Event()
+        #: Set each time the host takes a message.
+        self.handed = asyncio.Event()
 
     async def send(self, frame: Frame) -> None:
         for message in protocol.frame_messages(frame):
@@ -51,6 +54,7 @@ class ScriptAgent:
 
     async def receive(self) -> Frame | None:
         frame = await self._out.get()
+        self.handed.set()
         if self._out.empty():
             self._all_taken.set()  # its waiter runs after the host routed this frame
         return frame
@@ -277,22 +281,95 @@ async def test_attach_refusals(shared: Session, settings: Any) -> None:
         await shared.attach()
 
 
-async def test_a_full_budget_drops_the_oldest_unread_output_only_while_nobody_is_attached(shared: Session) -> None:
-    for n in range(3000):  # ~400 KB for a 64 KiB budget: nobody reads, the agent goes on
+async def until(agent: ScriptAgent, condition: Callable[[], bool]) -> None:
+    """Wait until `condition` holds, looking again each time the host takes a message from
+    `agent` (it routes it before the waiter runs)."""
+    async with asyncio.timeout(TIMEOUT):
+        while not condition():
+            agent.handed.clear()
+            await agent.handed.wait()
+
+
+def numbers_in(items: list[tuple[int, str]] | list[str]) -> list[int]:
+    texts = [item[1] if isinstance(item, tuple) else item for item in items]
+    return [json.loads(text)["params"]["update"]["n"] for text in texts if "session/update" in text]
+
+
+BUDGET = 64 * 1024  # the fixture's
+
+
+async def test_a_full_budget_pauses_the_agent_while_the_own_clients_grace_runs(shared: Session, settings: Any) -> None:
+    """The own client's stream dropped a moment ago: the agent waits for it as for a slow reader,
+    and the reader that comes back gets everything (a drop within IDLE_TIMEOUT_SECONDS used to
+    lose the window and the oldest output at once: 409 on the resume)."""
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "IDLE_TIMEOUT_SECONDS": 3600.0}
+    for n in range(3000):  # ~400 KB for a 64 KiB budget
         shared.agent.say(update(n))
-    await shared.agent.all_taken()
-    kept = shared.host.stream(SESSION).kept_since()
-    numbers = [json.loads(item)["params"]["update"]["n"] for _, item in kept]
-    assert numbers[-1] == 2999 and numbers == list(range(numbers[0], 3000))  # the newest, in order
-    assert shared.host.buffered_bytes <= 64 * 1024 + 200
-    # With a reader attached nothing is dropped: the agent waits for it.
+    await until(shared.agent, lambda: shared.host.buffered_bytes >= BUDGET)
+    assert numbers_in(shared.host.stream(SESSION).kept_since())[0] == 0  # nothing dropped
+    got = await read(shared.host, 3000)  # the client is back
+    assert [message["params"]["update"]["n"] for message in got] == list(range(3000))
+
+
+async def test_past_the_own_clients_grace_the_oldest_unread_output_goes_and_the_agent_goes_on(
+    shared: Session, settings: Any
+) -> None:
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "IDLE_TIMEOUT_SECONDS": 0.3}
+    loop = asyncio.get_running_loop()
+    left = shared.host.own_client.requested()
+    for n in range(3000):
+        shared.agent.say(update(n))
+    await shared.agent.all_taken()  # the paused agent is woken at the grace's end; nobody reads
+    assert loop.time() - left >= 0.29  # it waited for the client first (the clock may round)
+    numbers = numbers_in(shared.host.stream(SESSION).kept_since())
+    assert numbers[-1] == 2999 and numbers[0] > 0 and numbers == list(range(numbers[0], 3000))  # the newest, in order
+    assert shared.host.buffered_bytes <= BUDGET + 200
+    # With a reader of its own attached (any stream), nothing is dropped: the agent waits for it.
     lease = shared.host.lease(None)
     for n in range(3000, 6000):
         shared.agent.say(update(n))
-    for _ in range(1000):  # the router takes what the budget holds, then waits for room
+    await until(shared.agent, lambda: shared.host.buffered_bytes >= BUDGET)
+    for _ in range(200):  # the router had its chances to take more
         await asyncio.sleep(0)
-    assert shared.agent.waiting > 2000  # paused: the output waits in the agent
+    assert shared.agent.waiting > 2900 and numbers_in(shared.host.stream(SESSION).kept_since())[0] == numbers[0]
     lease.release()
+
+
+async def test_a_dropped_socket_pauses_the_agent_for_its_grace_then_lets_it_go_on(settings: Any) -> None:
+    """WebSocket: WEBSOCKET_RESUME_SECONDS is the own client's grace. Within it a reattaching
+    socket gets every message after the last it had; past it the agent goes on and the oldest
+    unread output goes."""
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "WEBSOCKET_RESUME_SECONDS": 3600.0}
+    agent = ScriptAgent()
+    host = registry.create(
+        lambda _: agent, "websocket", connection_id=new_connection_id(), max_buffered_bytes=BUDGET, principal=ALICE
+    )
+    try:
+        host.start()
+        outbox = host.socket_outbox
+        outbox.release(outbox.first_holder)  # the socket dropped before reading anything
+        for n in range(3000):
+            agent.say(update(n))
+        await until(agent, lambda: host.buffered_bytes >= BUDGET)
+        holder = object()
+        host.attach_socket(0, holder)  # back, within the grace: from the first message on
+        got: list[int] = []
+        while len(got) < 3000:
+            batch = await outbox.take(TIMEOUT, holder=holder)
+            assert batch is not None
+            got += numbers_in(list(batch))
+        assert got == list(range(3000))
+        settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "WEBSOCKET_RESUME_SECONDS": 0.3}
+        outbox.release(holder)  # gone again, with a short grace now
+        dropped = asyncio.get_running_loop().time()
+        for n in range(3000, 6000):
+            agent.say(update(n))
+        await agent.all_taken()
+        assert asyncio.get_running_loop().time() - dropped >= 0.29
+        numbers = numbers_in(outbox.kept_since())
+        assert numbers[-1] == 5999 and numbers[0] > 3000 and numbers == list(range(numbers[0], 6000))
+    finally:
+        await host.terminate()
 
 
 async def test_an_unanswered_permission_request_is_cancelled_when_nobody_comes(shared: Session, settings: Any) -> None:

@@ -25,7 +25,7 @@ import copy
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from acp_channels import _metrics as metrics
@@ -90,6 +90,7 @@ class SharedSessions:
         tap = SessionTap(self, session_id, role, self._numbers, principal)
         tap.preload(kept)
         self.taps.setdefault(session_id, []).append(tap)
+        self.host.own_client.others_came()
         return tap
 
     def detach(self, tap: SessionTap) -> None:
@@ -388,36 +389,6 @@ def share(host: ConnectionHost) -> SharedSessions:
     if host.shared is None:
         host.shared = SharedSessions(host)
     return host.shared
-
-
-def detached_check(host: ConnectionHost) -> Callable[[], bool] | None:
-    """For the host's streams: whether its own client is gone now (no stream read, no socket;
-    other clients get the session through attachments of their own, and do not read these):
-    then a full budget drops the oldest unread output instead of pausing the agent. None
-    (always pause): an attachment, or a site without DETACHED_SECONDS."""
-    if host.attached_to is not None or not acp_settings.DETACHED_SECONDS:
-        return None
-    return lambda: host.attachments == (host.shared.count if host.shared is not None else 0)
-
-
-def kept_detached(host: ConnectionHost, now: float) -> bool:
-    """Whether the host lives only because of DETACHED_SECONDS now: nobody attached for longer
-    than IDLE_TIMEOUT_SECONDS (HTTP) or WEBSOCKET_RESUME_SECONDS (a socket's grace period)."""
-    if host.attached_to is not None or host.attachments:
-        return False
-    if host.transport == "websocket":
-        started = host.grace.started
-        return started is not None and now - started > acp_settings.WEBSOCKET_RESUME_SECONDS
-    idle_timeout = acp_settings.IDLE_TIMEOUT_SECONDS
-    return idle_timeout is not None and host.idle_since(now) > idle_timeout
-
-
-def detached_seconds(host: ConnectionHost, base: float) -> float:
-    """How long a connection with nobody attached lives: `base` (WEBSOCKET_RESUME_SECONDS,
-    IDLE_TIMEOUT_SECONDS), or DETACHED_SECONDS when longer (not for an attachment, which holds
-    no agent; nor with `base` 0: ended with its client on purpose)."""
-    detached: float = acp_settings.DETACHED_SECONDS
-    return max(base, detached) if base and host.attached_to is None else base
 
 
 async def expire_permissions(host: ConnectionHost, now: float) -> None:

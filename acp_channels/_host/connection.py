@@ -2,9 +2,9 @@
 
 It owns the agent, the requests in flight and where their replies go (`requests`), the outbound
 router and the per-stream mailboxes (`mailbox`), what it saw of its sessions (`sessions`), other
-clients of its sessions (`attachments`), and for a WebSocket its socket's state (`socket`). The
-edges reach it through the gateway: submit a planned frame, initialize, lease a stream, take
-deliveries, terminate.
+clients of its sessions (`attachments`), what its own client's absence allows (`detached`), and
+for a WebSocket its socket's state (`socket`). The edges reach it through the gateway: submit a
+planned frame, initialize, lease a stream, take deliveries, terminate.
 
 Everything a connection holds is bounded: undelivered output by its budget (bytes queued plus
 bytes handed to a reader and not yet confirmed written) and by the worker's budget summed over
@@ -25,8 +25,9 @@ from acp_channels import _protocol as protocol
 from acp_channels._agents.channel import AgentChannel, AgentClosed
 from acp_channels._conf import acp_settings
 from acp_channels._handoff import LazyEvent
-from acp_channels._host.attachments import SharedSessions, detached_check, detached_seconds, held_back
+from acp_channels._host.attachments import SharedSessions, held_back
 from acp_channels._host.budget import OutboundBudget, WorkerBudget
+from acp_channels._host.detached import OwnClient
 from acp_channels._host.extensions import answered_here
 from acp_channels._host.mailbox import FORGOTTEN_STREAMS, Mailbox, SocketOutbox, StreamLease
 from acp_channels._host.oversize import OversizeRefusals, largest_agent_message
@@ -72,6 +73,7 @@ class ConnectionHost:
             "window_bytes": min(acp_settings.REPLAY_WINDOW_BYTES, max_buffered_bytes // 2),
         }
         self._budget = OutboundBudget(max_buffered_bytes, worker_budget, self._window["window_bytes"])
+        self.own_client = OwnClient(self, self._budget)
         #: Agent messages over the largest relayed are refused (§6.7).
         self._oversize = OversizeRefusals(
             connection_id,
@@ -83,7 +85,7 @@ class ConnectionHost:
         # Streams forgotten with their window: (tag, last seq), so a reader that got everything
         # resumes on the stream made again (bounded: the oldest are forgotten for good).
         self._forgotten: OrderedDict[StreamKey, tuple[str, int]] = OrderedDict()
-        #: WebSocket: the grace period of a detached socket (see _socket_detached).
+        #: WebSocket: the grace period of a detached socket (OwnClient.socket_left).
         self.grace = GracePeriod(connection_id)
         # WebSocket connections only, made on first use: an HTTP connection never holds one.
         self._socket_outbox: SocketOutbox | None = None
@@ -130,7 +132,7 @@ class ConnectionHost:
         """
         if self.ended.is_set():
             raise AgentClosed("connection ended")
-        self.last_active = asyncio.get_running_loop().time()
+        self.last_active = self.own_client.requested()
         if answered_here(self, plan.frame) or held_back(self, plan.frame):  # docs/shared-sessions.md
             return
         if self.transport == "websocket":  # one stream: nothing to route, ids to count
@@ -160,7 +162,7 @@ class ConnectionHost:
             try:
                 request_bytes = self._pending.admit(frame, len(ids))
             except TooManyRequests as refusal:
-                await self._budget.wait_for_room()  # refusals are output too: a client that does not read waits
+                await self.own_client.wait_for_room()  # refusals are output too: a client that does not read waits
                 self.socket_outbox.push(protocol.serialize_frame(too_many_requests_reply(frame, ids, refusal)))
                 return
             self._pending.add_socket_ids([protocol.id_key(request_id) for request_id in ids], request_bytes)
@@ -278,17 +280,6 @@ class ConnectionHost:
             await self.terminate(end)
         self.socket_outbox.release(holder)
 
-    def _socket_detached(self) -> None:
-        """No socket holds the outbox: the connection waits WEBSOCKET_RESUME_SECONDS for one to
-        reattach (a reader on any worker), then ends as if its socket had closed."""
-        if self.transport != "websocket" or self.ended.is_set():
-            return
-        self.grace.start(
-            detached_seconds(self, acp_settings.WEBSOCKET_RESUME_SECONDS),
-            over=lambda: self.ended.is_set() or self.socket_outbox.leased,
-            end=lambda: self.terminate("socket closed"),
-        )
-
     # -- outbound ----------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -296,7 +287,7 @@ class ConnectionHost:
             self._router = asyncio.create_task(self._run_router(), name=f"acp-router-{self.connection_id}")
             direct_sink = getattr(self.agent, "direct_sink", None)
             if direct_sink is not None:
-                direct_sink(self._route_directly, self._budget.wait_for_room)
+                direct_sink(self._route_directly, self.own_client.wait_for_room)
 
     def _route_directly(self, frame: Frame) -> bool:
         """The router's work for one frame, done on the agent's task as the agent hands it over
@@ -325,7 +316,7 @@ class ConnectionHost:
                 on_idle=lambda idle: self._collect(key, idle),
                 tag=tag,
                 first_seq=last_seq + 1,
-                detached=detached_check(self),
+                detached=self.own_client.drop_check(),
                 **self._window,
             )
             _journal.attach(mailbox, self.connection_id, self.principal, key)
@@ -399,16 +390,16 @@ class ConnectionHost:
     def socket_outbox(self) -> SocketOutbox:
         if self._socket_outbox is None:
             self._socket_outbox = SocketOutbox(
-                self._budget, on_attach=self.grace.stop, on_detach=self._socket_detached, **self._window
+                self._budget, on_attach=self.grace.stop, on_detach=self.own_client.socket_left, **self._window
             )
-            self._socket_outbox.detached = detached_check(self)
+            self._socket_outbox.detached = self.own_client.drop_check()
             _journal.attach(self._socket_outbox, self.connection_id, self.principal, None, _journal.SOCKET_TAG)
         return self._socket_outbox
 
     async def _run_router(self) -> None:
         try:
             while True:
-                await self._budget.wait_for_room()
+                await self.own_client.wait_for_room()
                 frame = await self.agent.receive()
                 if frame is None:
                     break

@@ -59,9 +59,11 @@ class Mailbox:
         detached: Callable[[], bool] | None = None,
     ) -> None:
         self._items: deque[str] = deque()
-        #: Whether the connection has nobody attached now; then, with the budget full, the oldest
-        #: output nobody read goes instead of the agent waiting (a detached agent goes on).
+        #: Whether the connection's own client is gone past its grace now; then, with the budget
+        #: full, the oldest output nobody read goes instead of the agent waiting.
         self.detached = detached
+        #: Loop time its last reader left (the own client's last presence, over HTTP).
+        self.released_at = 0.0
         self._budget = budget
         self._in_flight = 0  # bytes of the reader's last batch, not yet confirmed written
         self._in_flight_count = 0
@@ -92,12 +94,15 @@ class Mailbox:
         self._items.append(item)
         self._budget.add(len(item))
         self._wakeup.set()
-        if self._holder is None and self.detached is not None and not self._budget.has_room() and self.detached():
-            self._drop_oldest_unread()
+        if self._holder is None and not self._budget.has_room():
+            self.drop_oldest_unread()
 
-    def _drop_oldest_unread(self) -> None:
+    def drop_oldest_unread(self) -> None:
         """Forget the oldest output nobody read while the budget is full (the newest item stays):
-        a reader resuming from before it gets 409."""
+        a reader resuming from before it gets 409. Only with nobody reading, and only where the
+        connection's own client is gone past its grace (`detached`; acp_channels/_host/detached.py)."""
+        if self._holder is not None or self.detached is None or not self.detached():
+            return
         self._budget.reclaim()  # replay windows give way first
         items = self._items
         while len(items) > 1 and not self._budget.has_room():
@@ -282,6 +287,7 @@ class Mailbox:
         if self._holder is not token:
             return
         self._holder = None
+        self.released_at = asyncio.get_running_loop().time()
         self.settle()
         self._drop_if_unreadable()
         if self._on_idle is not None and self.empty:

@@ -8,10 +8,11 @@ from collections.abc import Callable, Iterator, Mapping
 
 from acp_channels._agents.channel import AgentChannel
 from acp_channels._conf import acp_settings
-from acp_channels._host.attachments import detached_seconds, expire_permissions, kept_detached
+from acp_channels._host.attachments import expire_permissions
 from acp_channels._host.budget import WorkerBudget
 from acp_channels._host.connection import ConnectionHost
 from acp_channels._host.credentials import CredentialSweep
+from acp_channels._host.detached import detached_seconds, kept_detached
 from acp_channels._identity import ANONYMOUS, AgentContext, Principal, TransportKind
 from acp_channels.errors import DETACHED_QUOTA, QuotaExceeded, ServerFull
 
