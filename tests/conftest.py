@@ -237,3 +237,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     children += forkserver.children_cpu() - forked_before
     with open(log, "a") as lines:
         lines.write(f"{item.nodeid}\t{own:.2f}\t{children:.2f}\t{time.monotonic() - started:.2f}\n")
+
+
+@pytest.fixture(autouse=True)
+def worker_budget_left_as_found() -> Iterator[None]:
+    """Every test leaves this process's worker budget where it found it: bytes a test's hosts
+    still hold (a reader never released) would count against the tests after it (one failed so,
+    far from the test that leaked)."""
+    from acp_channels._host import registry
+
+    before = registry.budget.used
+    yield
+    assert registry.budget.used == before, f"the worker budget went from {before} to {registry.budget.used} bytes"
