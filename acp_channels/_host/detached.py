@@ -104,6 +104,8 @@ class OwnClient:
         cut at the grace's end (after a whole grace while the client is here; at once when
         another client attaches) to look again."""
         budget = self._budget
+        if budget.has_room():  # nearly always: after every message of a streaming agent
+            return
         if self.drop_check() is None:
             await budget.wait_for_room()
             return
