@@ -152,9 +152,20 @@ class Balancer:
         self._thread.join(10)
 
 
-#: Every cluster started in this process, for the logs a failing test's report shows
-#: (tests/conftest.py); its servers keep their logs after they stop.
+#: The clusters started in this process since the current test's setup, and those still running
+#: from before, for the logs a failing test's report shows (tests/conftest.py); a stopped
+#: cluster's servers keep their logs.
 STARTED: list[Cluster] = []
+
+
+def _running(cluster: Cluster) -> bool:
+    return any(worker.process is not None and worker.process.poll() is None for worker in cluster.workers)
+
+
+def forget_stopped_clusters() -> int:
+    """Before a test: keep only the clusters still running (a module's); returns how many."""
+    STARTED[:] = [cluster for cluster in STARTED if _running(cluster)]
+    return len(STARTED)
 
 
 def logs_of_started_clusters(since: int, lines: int = 150) -> str:
@@ -162,8 +173,7 @@ def logs_of_started_clusters(since: int, lines: int = 150) -> str:
     or still running from before (a module's cluster)."""
     parts = []
     for index, cluster in enumerate(STARTED):
-        running = any(worker.process is not None and worker.process.poll() is None for worker in cluster.workers)
-        if index >= since or running:
+        if index >= since or _running(cluster):
             heading = f"-- cluster {index} ({len(cluster.log)} lines, the last {lines}) --\n"
             parts.append(heading + "".join(cluster.log[-lines:]))
     return "\n".join(parts)

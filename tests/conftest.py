@@ -214,7 +214,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()
     if call.when == "setup":
-        item.stash[CLUSTERS_BEFORE] = len(cluster.STARTED)
+        item.stash[CLUSTERS_BEFORE] = cluster.forget_stopped_clusters()
     elif report.failed and (logs := cluster.logs_of_started_clusters(item.stash.get(CLUSTERS_BEFORE, 0))):
         report.sections.append(("cluster logs", logs))
 

@@ -335,6 +335,23 @@ async def test_past_the_own_clients_grace_the_oldest_unread_output_goes_and_the_
     lease.release()
 
 
+async def test_a_client_attaching_wakes_an_agent_paused_for_the_own_client(shared: Session, settings: Any) -> None:
+    """Within the own client's grace the agent waits; another client attaching and following the
+    session lets it go on at once, at that client's pace (not at the grace's end)."""
+    settings.ACP_CHANNELS = {**settings.ACP_CHANNELS, "IDLE_TIMEOUT_SECONDS": 3600.0}
+    for n in range(3000):
+        shared.agent.say(update(n))
+    await until(shared.agent, lambda: shared.host.buffered_bytes >= BUDGET)
+    attachment = await shared.attach()
+    lease = attachment.lease(SESSION)
+    got: list[int] = []
+    async with asyncio.timeout(TIMEOUT):
+        while len(got) < 3000:
+            got += numbers_in(list(await lease.take(TIMEOUT) or []))
+    lease.release()
+    assert got == list(range(3000))
+
+
 async def test_a_dropped_socket_pauses_the_agent_for_its_grace_then_lets_it_go_on(settings: Any) -> None:
     """WebSocket: WEBSOCKET_RESUME_SECONDS is the own client's grace. Within it a reattaching
     socket gets every message after the last it had; past it the agent goes on and the oldest

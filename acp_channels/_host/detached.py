@@ -94,9 +94,10 @@ class OwnClient:
         return self.gone
 
     def others_came(self) -> None:
-        """Another client attached: a router paused for the own client looks again now."""
-        if self._nudge is not None and not self._nudge.done():
+        """Another client attached: every wait paused for the own client looks again now."""
+        if self._nudge is not None:
             self._nudge.set_result(None)
+            self._nudge = None
 
     async def wait_for_room(self) -> None:
         """Return once the budget has room for the agent's next message. Once the own client
@@ -118,14 +119,15 @@ class OwnClient:
                 if not budget.has_room():  # the worker's budget is full: others must give way
                     await budget.wait_for_room()
                 continue
-            self._nudge = loop.create_future()
+            # One nudge for every waiter (the router and an SDK agent's tasks may all wait).
+            if self._nudge is None:
+                self._nudge = loop.create_future()
             room = asyncio.ensure_future(budget.wait_for_room())
             try:
                 timeout = left if left is not None else self._grace() or None
                 await asyncio.wait((room, self._nudge), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 room.cancel()
-                self._nudge = None
 
 
 def kept_detached(host: ConnectionHost, now: float) -> bool:
